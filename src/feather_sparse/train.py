@@ -67,6 +67,7 @@ from feather_sparse.recipes import (
     DEFAULT_RECIPE,
     TrainConfig,
     config_fields,
+    list_recipes,
     load_config,
     parse_override,
 )
@@ -1184,12 +1185,11 @@ def add_cli_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         f"the {DEFAULT_RECIPE!r} recipe. Every recipe field has a flag (--epochs 5, "
         "--sparsity 0.98, ...) and can also be set with --set field=value."
     )
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     run = parser.add_argument_group("run")
     run.add_argument(
         "--recipe",
         default=None,
-        help=f"bundled recipe (cifar100, imagenet, mnist1d) or a .toml path [{DEFAULT_RECIPE}]",
+        help=f"bundled recipe ({', '.join(list_recipes())}) or a .toml path [{DEFAULT_RECIPE}]",
     )
     run.add_argument(
         "--set",
@@ -1218,7 +1218,9 @@ def add_cli_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
-    fields = parser.add_argument_group("recipe fields (override the recipe)")
+    fields = parser.add_argument_group(
+        "recipe fields", "each overrides the recipe's value (see --print-config)"
+    )
     for f in config_fields():
         if f.name == "recipe":
             continue  # chosen with --recipe
