@@ -1155,30 +1155,35 @@ def export_onnx(
     was_training = model.training
     model.eval()
     try:
-        if exporter == "dynamo":
-            program = torch.onnx.export(
-                model,
-                (example_input,),
-                dynamo=True,
-                opset_version=opset,
-                input_names=["input"],
-                output_names=["output"],
-                dynamic_shapes=({0: torch.export.Dim("batch")},),
-                verbose=False,
-            )
-            assert program is not None
-            program.save(str(target))
-        else:
-            torch.onnx.export(
-                model,
-                (example_input,),
-                str(target),
-                dynamo=False,
-                opset_version=opset,
-                input_names=["input"],
-                output_names=["output"],
-                dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
-            )
+        with warnings.catch_warnings():
+            # Noise from torch's own exporter internals (torch 2.13), not actionable here.
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            if exporter == "legacy":  # the fallback is deprecated in torch; we know
+                warnings.simplefilter("ignore", DeprecationWarning)
+            if exporter == "dynamo":
+                program = torch.onnx.export(
+                    model,
+                    (example_input,),
+                    dynamo=True,
+                    opset_version=opset,
+                    input_names=["input"],
+                    output_names=["output"],
+                    dynamic_shapes=({0: torch.export.Dim("batch")},),
+                    verbose=False,
+                )
+                assert program is not None
+                program.save(str(target))
+            else:
+                torch.onnx.export(
+                    model,
+                    (example_input,),
+                    str(target),
+                    dynamo=False,
+                    opset_version=opset,
+                    input_names=["input"],
+                    output_names=["output"],
+                    dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+                )
     finally:
         model.train(was_training)
     logger.info("wrote %s (opset %d, %s exporter)", target, opset, exporter)
