@@ -125,7 +125,7 @@ def _split_evenly(lo: float, hi: float, dtype: torch.dtype, device: torch.device
 def _window_pass(
     chunks: list[Tensor], dtype: torch.dtype, lo: float, hi: float
 ) -> tuple[int, int, Tensor | None]:
-    """One pass: ``#{|w| <= lo}``, ``#{lo < |w| <= hi}`` and those magnitudes (None if over the cap).
+    """One pass: ``#{|w| <= lo}``, ``#{lo < |w| <= hi}`` and those magnitudes.
 
     The magnitudes are None when there are more than ``GATHER_CAP``. A
     handful of cheap elementwise kernels per chunk (abs, two compares, a
