@@ -79,7 +79,8 @@ def main() -> None:
         c_sort = count_at_most(moved, exact)
         ms = {k: v * 1e3 for k, v in times.items()}
         print(
-            f"| {millions}M | {ms['sort']:.1f} | {ms['kth']:.1f} | {ms['cold']:.1f} | {ms['warm']:.1f} "
+            f"| {millions}M | {ms['sort']:.1f} | {ms['kth']:.1f} "
+            f"| {ms['cold']:.1f} | {ms['warm']:.1f} "
             f"| {times['sort'] / times['cold']:.1f}× | {times['sort'] / times['warm']:.1f}× "
             f"| {c_ours:,} / {c_sort:,} |"
         )

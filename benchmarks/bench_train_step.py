@@ -88,7 +88,8 @@ def main() -> None:
     parser.add_argument("--no-sort-reference", action="store_true", help="skip the slow reference")
     args = parser.parse_args()
     print(
-        f"# one training step (forward, backward, SGD, pruner.step) at sparsity {args.sparsity}; {machine()}\n"
+        "# one training step (forward, backward, SGD, pruner.step) "
+        f"at sparsity {args.sparsity}; {machine()}\n"
     )
     print("| model | weights | dense (ms) | Feather θ=1 | Feather θ=0.5 | sort every step |")
     print("|---|---:|---:|---:|---:|---:|")
