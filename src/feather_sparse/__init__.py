@@ -7,6 +7,39 @@ pruned weights. This module only re-exports the public API.
 """
 
 from feather_sparse._version import __version__
+from feather_sparse.backbones import BACKBONES, Backbone, GlobalBackbone
+from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, threshold
+from feather_sparse.pruner import DEFAULT_INCLUDE, LayerReport, Pruner, PrunerReport, auto_theta
 from feather_sparse.registry import Registry
+from feather_sparse.schedules import (
+    SCHEDULES,
+    ConstantSchedule,
+    CubicSchedule,
+    LinearSchedule,
+    Schedule,
+)
+from feather_sparse.selection import kth_magnitude, select_threshold
 
-__all__ = ["Registry", "__version__"]
+__all__ = [
+    "BACKBONES",
+    "DEFAULT_INCLUDE",
+    "OPERATORS",
+    "SCHEDULES",
+    "Backbone",
+    "ConstantSchedule",
+    "CubicSchedule",
+    "GlobalBackbone",
+    "LayerReport",
+    "LinearSchedule",
+    "Operator",
+    "Pruner",
+    "PrunerReport",
+    "Registry",
+    "Schedule",
+    "ThresholdOperator",
+    "__version__",
+    "auto_theta",
+    "kth_magnitude",
+    "select_threshold",
+    "threshold",
+]
