@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import math
 import struct
+import sys
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from feather_sparse import __version__, cli, export
+from feather_sparse import Pruner, __version__, cli, export
 from feather_sparse.export import (
     FORMAT_VERSION,
     PATTERN_CODECS,
@@ -59,7 +62,8 @@ def prune_(model: nn.Module, sparsity: float) -> nn.Module:
 
 
 def assert_bit_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert list(a) == list(b)
+    # key order may differ: Pruner.finalize re-registers the weights last
+    assert sorted(a) == sorted(b)
     for name in a:
         x, y = a[name], b[name]
         assert x.dtype == y.dtype and x.shape == y.shape, name
@@ -467,48 +471,110 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "nothing to write" in capsys.readouterr().err
 
 
-needs_models = pytest.mark.skipif(not REGISTERED_MODELS, reason="feather_sparse.models not present")
+ZooFactory = Callable[..., nn.Module]
 
 
-def _small_model_name() -> str:
-    return min(
-        REGISTERED_MODELS, key=lambda n: sum(p.numel() for p in create_model(n).parameters())
-    )
+@pytest.fixture
+def fake_zoo(monkeypatch: pytest.MonkeyPatch) -> ZooFactory:
+    """A stand-in ``feather_sparse.models`` holding one model, ``mixed`` (MixedNet).
+
+    The CLI rebuilds models through the zoo; this keeps its tests fast and
+    independent of the real model families.
+    """
+
+    def create_model(name: str, num_classes: int | None = None, **kwargs: object) -> nn.Module:
+        if name != "mixed":
+            raise ValueError(f"unknown model {name!r}; choose one of: mixed")
+        model = MixedNet()
+        model.feather_model_spec = {"name": "mixed", "kwargs": {}}
+        return model
+
+    zoo = types.ModuleType("feather_sparse.models")
+    zoo.create_model = create_model  # type: ignore[attr-defined]
+    zoo.list_models = lambda: ["mixed"]  # type: ignore[attr-defined]
+    zoo.model_info = lambda name: types.SimpleNamespace(input_shape=(1, 40))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "feather_sparse.models", zoo)
+    return create_model
 
 
-def _write_run(tmp_path: Path, name: str) -> tuple[Path, nn.Module]:
-    model = prune_(create_model(name), 0.9)
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    config = {"model": model.feather_model_spec, "seed": 0}
-    (run / "config.json").write_text(json.dumps(config))
-    checkpoint = {
+def _checkpoint(model: nn.Module, state: dict[str, torch.Tensor], pruner: object) -> dict:
+    return {
         "format": "feather-sparse-checkpoint",
         "version": 1,
         "epoch": 2,
         "step": 20,
-        "config": config,
-        "model": model.state_dict(),
-        "pruner": None,
+        "config": {"model": model.feather_model_spec, "seed": 0},
+        "model": state,
+        "pruner": pruner,
         "optimizer": {},
     }
-    torch.save(checkpoint, run / "checkpoints" / "last.pt")
+
+
+def _write_run(tmp_path: Path, create: ZooFactory) -> tuple[Path, nn.Module]:
+    """A run folder as the training loop leaves it, for a dense-pruned model."""
+    model = prune_(create("mixed"), 0.9)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    ckpt = _checkpoint(model, model.state_dict(), None)
+    (run / "config.json").write_text(json.dumps(ckpt["config"]))
+    torch.save(ckpt, run / "checkpoints" / "last.pt")
     return run, model
 
 
-@needs_models
-def test_cli_export_from_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run, model = _write_run(tmp_path, _small_model_name())
+def test_cli_export_from_run_dir(
+    fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run, model = _write_run(tmp_path, fake_zoo)
     out = tmp_path / "model.fsp"
     assert cli.main(["export", str(run), "-o", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
     info = inspect_sparse(out)
     assert info.metadata["epoch"] == 2 and info.metadata["step"] == 20
+    assert info.model_spec == {"name": "mixed", "kwargs": {}}
     assert_bit_equal(model.state_dict(), load_sparse(out).state_dict())
     # re-export of the .fsp at half precision
     half = tmp_path / "half.fsp"
     assert cli.main(["export", str(out), "-o", str(half), "--values", "fp16"]) == 0
     assert inspect_sparse(half).values == "fp16" and half.stat().st_size < out.stat().st_size
+
+
+def test_cli_export_finalizes_the_pruner(
+    fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = fake_zoo("mixed")
+    pruner = Pruner(model, sparsity=0.9, total_steps=6)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(4):  # mid-training: the schedule has not reached 90 % yet
+        loss = model(torch.randn(8, 1, 40)).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        pruner.step()
+    ckpt = _checkpoint(model, pruner.dense_state_dict(), pruner.state_dict())
+    torch.save(ckpt, tmp_path / "last.pt")
+
+    reference = fake_zoo("mixed")  # what the export must do, done by hand
+    reference.load_state_dict(ckpt["model"])
+    Pruner.from_state_dict(reference, ckpt["pruner"]).finalize()
+
+    out = tmp_path / "model.fsp"
+    assert cli.main(["export", str(tmp_path / "last.pt"), "-o", str(out)]) == 0
+    capsys.readouterr()
+    exported = load_sparse(out)
+    assert_bit_equal(reference.state_dict(), exported.state_dict())
+    targets = {f"{name}.weight" for name in pruner.config()["targets"]}
+    assert targets == {"conv.weight", "point.weight", "fc.weight", "head.weight"}
+    pruned = [r for r in inspect_sparse(out).tensors if r.name in targets]
+    nnz, numel = sum(r.nnz for r in pruned), sum(r.numel for r in pruned)
+    assert 1 - nnz / numel == pytest.approx(0.9, abs=1e-3)
+
+
+def test_cli_export_rejects_other_checkpoints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.save({"format": "something-else", "model": {}, "config": {}}, tmp_path / "x.pt")
+    assert cli.main(["export", str(tmp_path / "x.pt"), "-o", str(tmp_path / "x.fsp")]) == 1
+    assert "something-else" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------
@@ -535,11 +601,12 @@ def test_onnx_export_matches_pytorch(
     assert verify_onnx(net, path, torch.randn(5, 1, 40)) < 1e-4
 
 
-@needs_models
-def test_cli_export_onnx(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_export_onnx(
+    fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    run, _ = _write_run(tmp_path, _small_model_name())
+    run, _ = _write_run(tmp_path, fake_zoo)
     assert cli.main(["export", str(run), "--onnx", str(tmp_path / "m.onnx")]) == 0
     assert "onnxruntime matches PyTorch" in capsys.readouterr().out
     assert (tmp_path / "m.onnx").stat().st_size > 0

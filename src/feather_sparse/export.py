@@ -1300,12 +1300,9 @@ def _model_from_training_checkpoint(path: Path) -> tuple[nn.Module, dict[str, An
     model = create_model(str(spec["name"]), **dict(spec.get("kwargs") or {}))
     model.load_state_dict(ckpt["model"], strict=True)
     if ckpt.get("pruner") is not None:
-        try:
-            from feather_sparse import Pruner  # type: ignore[attr-defined]
-        except ImportError:
-            raise RuntimeError(
-                f"{path} holds pruner state but this feather-sparse has no Pruner to finalize it"
-            ) from None
+        from feather_sparse.pruner import Pruner
+
+        # Same thresholds, recomputed on the final weights; bakes P_T(w) in.
         Pruner.from_state_dict(model, ckpt["pruner"]).finalize()
     metadata = {
         "source": str(path),
