@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-import feather_sparse
+from _timing import machine
 from feather_sparse.export import save_sparse
 
 SPARSITIES = (0.90, 0.95, 0.98, 0.99)
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--model", default="mnist1d_cnn", help="registered model to measure too")
     args = parser.parse_args()
     torch.manual_seed(0)
-    print(f"feather-sparse {feather_sparse.__version__}, torch {torch.__version__}\n")
+    print(f"{machine()}\n")
     print(
         "| tensors | sparsity | dense B | .fsp B | bound B | .fsp / bound | zlib mask / bound "
         "| int64 COO / bound | dense / .fsp | .fsp fp16 B | save s |"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import feather_sparse
+from _timing import machine
 from feather_sparse.export import SparseLinear, _to_csr_int32, to_sparse_inference
 
 SPARSITIES = (0.90, 0.95, 0.98, 0.99)
@@ -149,7 +148,10 @@ def bench_model(name: str, repeats: int) -> None:
                 torch.testing.assert_close(sparse_model(x), model(x), rtol=1e-4, atol=1e-4)
                 dense_s, sparse_s = compare(partial(model, x), partial(sparse_model, x), repeats)
                 print(row(f"{name}, {label}", sparsity, batch, dense_s, sparse_s))
-        print(f"<!-- {sparsity:.0%}: converted {converted} -->")
+        print(
+            f"|  | {sparsity:.0%} | | | | sparse layers: {len(converted['default rules'])} "
+            f"(default rules), {len(converted['all eligible'])} (all eligible) |"
+        )
 
 
 def main() -> None:
@@ -161,15 +163,17 @@ def main() -> None:
         help="torch threads for both dense and sparse (default 1: see docs/benchmarks.md)",
     )
     parser.add_argument("--repeats", type=int, default=25, help="timing samples per case")
-    parser.add_argument("--model", default="mnist1d_cnn", help="registered model to time")
+    parser.add_argument(
+        "--models",
+        nargs="*",
+        default=["mnist1d_cnn", "mobilenet_v1"],
+        help="registered models to time (default: the bundled one, and MobileNet-v1, "
+        "whose 1x1 convolutions are eligible)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(
-        f"feather-sparse {feather_sparse.__version__}, torch {torch.__version__}, "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"torch threads {torch.get_num_threads()}, repeats {args.repeats} (medians)"
-    )
+    print(f"{machine()}, {os.cpu_count()} CPUs, repeats {args.repeats} (medians)")
     with torch.inference_mode():
         bench_linear(args.repeats)
         try:
@@ -177,10 +181,11 @@ def main() -> None:
         except ImportError:
             print("\n(feather_sparse.models not available: bundled model skipped)")
         else:
-            if args.model in list_models():
-                bench_model(args.model, args.repeats)
-            else:
-                print(f"\n(model {args.model!r} not registered: skipped)")
+            for name in args.models:
+                if name in list_models():
+                    bench_model(name, args.repeats)
+                else:
+                    print(f"\n(model {name!r} not registered: skipped)")
         bench_conv3x3(args.repeats)
 
 
