@@ -247,14 +247,36 @@ def test_every_registered_model_round_trips(name: str, tmp_path: Path) -> None:
 def test_file_within_five_percent_of_entropy_bound(sparsity: float, tmp_path: Path) -> None:
     generator = torch.Generator().manual_seed(1)
     weight = torch.randn(1024, 1024, generator=generator)
+    # random pattern (i.i.d., the hardest for the coder), random values
     weight[torch.rand(weight.shape, generator=generator) < sparsity] = 0
     path = tmp_path / "w.fsp"
-    save_sparse({"weight": weight}, path)
+    (record,) = save_sparse({"weight": weight}, path).tensors
     size = path.stat().st_size  # the whole file, header included
     bound = entropy_bound_bytes(weight)
     assert size <= 1.05 * bound, f"{size / bound:.4f}x the entropy bound"
+    # the pattern coder on its own is near H(d)·N (values are coded separately)
+    nnz = int(torch.count_nonzero(weight))
+    pattern_entropy = entropy_bound_bytes(weight) - 4 * nnz
+    assert record.pattern_bytes <= 1.05 * pattern_entropy
+    assert sum(record.value_planes) <= 4 * nnz  # never more than raw float32
     # and far below plain int64 COO (two indices + a value per non-zero)
-    assert size < 0.5 * int(torch.count_nonzero(weight)) * (2 * 8 + 4)
+    assert size < 0.5 * nnz * (2 * 8 + 4)
+
+
+def test_values_of_pruned_weights_compress() -> None:
+    # Magnitude pruning keeps the large weights: their sign/exponent byte has
+    # little entropy, which the byte-plane coder exploits (losslessly).
+    generator = torch.Generator().manual_seed(2)
+    weight = torch.randn(512, 512, generator=generator) * 0.05
+    linear = nn.Linear(512, 512, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    prune_(linear, 0.9)
+    record = export._encode_tensor("w", linear.weight, "fp32")[0]
+    raw = 4 * record.nnz
+    assert sum(record.value_planes) < 0.9 * raw
+    # the exponent plane (byte 3, little-endian) is the one that shrinks most
+    assert record.value_planes[3] < 0.5 * record.nnz
 
 
 def _mask_strategy() -> st.SearchStrategy[np.ndarray]:
@@ -318,27 +340,20 @@ def test_corrupted_data_is_detected(where: str, sparse_net: MixedNet, tmp_path: 
         load_sparse(path, MixedNet())
 
 
-def _rewrite_header(path: Path, edit: dict[str, object]) -> None:
+def _rewrite_metadata(path: Path, edit: dict[str, str]) -> None:
+    """Rewrite the safetensors ``__metadata__`` of a file, keeping its entries."""
+    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from feather_sparse.export import METADATA_KEY
-
-    info_raw = json.loads(_raw_metadata(path)[METADATA_KEY])
-    info_raw.update(edit)
-    save_file(load_file(str(path)), str(path), metadata={METADATA_KEY: json.dumps(info_raw)})
-
-
-def _raw_metadata(path: Path) -> dict[str, str]:
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as f:
-        return dict(f.metadata())
+        metadata = dict(f.metadata())
+    save_file(load_file(str(path)), str(path), metadata={**metadata, **edit})
 
 
 def test_other_format_version(tmp_path: Path) -> None:
     path = tmp_path / "lin.fsp"
     save_sparse(prune_(nn.Linear(8, 8), 0.5), path)
-    _rewrite_header(path, {"format_version": FORMAT_VERSION + 1, "library_version": "9.0"})
+    _rewrite_metadata(path, {"format_version": str(FORMAT_VERSION + 1), "library_version": "9.0"})
     with pytest.raises(ValueError, match=rf"format version {FORMAT_VERSION + 1}.*9\.0"):
         load_sparse(path, nn.Linear(8, 8))
 
@@ -477,7 +492,7 @@ def test_cli_inspect(
     out = capsys.readouterr().out
     assert "density" in out and "bytes" in out
     assert "fc.weight" in out and "64x1152" in out and "gaps+lzma" in out
-    assert "entropy bound" in out
+    assert "x the bound H(d)*N + raw values" in out and "patterns" in out
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,32 +18,51 @@ real on disk and at inference time:
 
 File format (version 1)
 -----------------------
-A safetensors file whose ``__metadata__["feather_sparse"]`` is a JSON header
-(format name and version, library version, model spec, user metadata, and one
-record per ``state_dict`` entry, in order). Which tensors are stored sparse:
-**every floating-point tensor (parameter or buffer, any shape) that has at least
-one zero entry and whose sparse encoding is smaller than its dense bytes**;
-integer, boolean and complex tensors, and floating tensors without zeros, are
-stored dense. "Zero" means an all-zero bit pattern, so ``-0.0`` (and NaN) are
-kept as values and the round trip is bit-exact.
+A safetensors file (no pickle; a JSON header with offsets) holding two uint8
+entries:
 
-A sparse tensor ``name`` is stored as two safetensors entries:
+* ``feather.header``: the JSON description, xz-compressed (its CRC-64 is
+  checked on read): format name and version, library version, model spec, user
+  metadata, and one record per ``state_dict`` entry, in order — name, shape,
+  dtype, non-zero count, CRC-32 of its bytes, and for sparse entries how the
+  pattern and values are coded. The safetensors ``__metadata__`` repeats the
+  format name and versions so that a wrong file is named without decoding.
+* ``feather.data``: every entry's bytes, one after the other.
 
-* ``name::pattern`` (uint8): the positions of the non-zeros, compressed. Two
-  codecs are tried and the smaller is kept (the header names it):
+Packing everything into two entries keeps the per-tensor overhead at a few
+compressed header bytes instead of ~250 bytes of plain JSON per tensor, which
+for small models was as large as the weights themselves.
+
+Which tensors are stored sparse: **every floating-point tensor (parameter or
+buffer, any shape) that has at least one zero entry and whose sparse encoding
+is smaller than its dense bytes**; integer, boolean and complex tensors, and
+floating tensors without zeros, are stored as is (raw little-endian bytes).
+"Zero" means an all-zero bit pattern, so ``-0.0`` (and NaN) are kept as values
+and the round trip is bit-exact.
+
+A sparse tensor is stored as its pattern followed by its values:
+
+* the pattern (positions of the non-zeros in flattened C order) is compressed
+  with one of two codecs, whichever is smaller (the record names it):
 
   - ``gaps+lzma``: the run of zeros before each non-zero, one byte per run
     (a run ``g`` is ``g // 255`` bytes of 255 followed by the byte ``g % 255``),
     compressed with raw LZMA2. Adaptive LZMA turns these bytes into close to
-    the entropy of the pattern: at 90–99 % sparsity the file is within 1 % of
-    ``H(d)·N + 32·nnz`` bits for i.i.d. patterns (``benchmarks/bench_export_size.py``).
+    the entropy of the pattern: within 1 % of ``H(d)·N`` bits at 90–99 %
+    sparsity for i.i.d. patterns (``benchmarks/bench_export_size.py``).
   - ``bitmask+lzma``: the packed bit mask (little bit order) compressed with raw
-    LZMA2; smaller at low sparsity and for patterns with long regular structure.
+    LZMA2; smaller at low sparsity.
 
-* ``name::values``: the non-zero values in flattened (C) order.
+* the values (``planes+zlib``): the non-zero values' bytes split into byte
+  planes (all lowest bytes, then all second bytes, ...), each plane
+  zlib-compressed when that makes it smaller. The planes holding sign and
+  exponent compress well — the survivors of magnitude pruning span few
+  binades — while low mantissa planes are noise and stay raw. Lossless, so the
+  file usually lands *below* the bound ``H(d)·N + 32·nnz`` bits that raw fp32
+  values would need.
 
-Every stored entry carries a CRC-32 in the header, checked on load, so a
-corrupted file raises an error instead of producing a silently wrong model.
+Every entry's bytes carry a CRC-32, checked on load, so a corrupted file raises
+an error naming the tensor instead of producing a silently wrong model.
 
 ``values`` precision: ``"fp32"`` is lossless — non-zeros keep their tensor's own
 dtype (float32 stays float32; float16, bfloat16 and float64 tensors keep
@@ -70,7 +89,7 @@ import time
 import warnings
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +128,11 @@ logger = logging.getLogger(__name__)
 FORMAT_NAME = "feather-sparse"
 #: Version of the file layout this code writes and reads.
 FORMAT_VERSION = 1
-#: Key of the JSON header in the safetensors ``__metadata__``.
-METADATA_KEY = "feather_sparse"
+#: The safetensors entries of a sparse checkpoint.
+HEADER_KEY = "feather.header"
+DATA_KEY = "feather.data"
 #: Name of the attribute ``create_model`` sets on the models it builds.
 MODEL_SPEC_ATTR = "feather_model_spec"
-#: Separator between a state_dict key and the part of a sparse tensor.
-_PART_SEP = "::"
 #: Format name of the training loop's checkpoints (``RUN_DIR/checkpoints/last.pt``).
 _TRAIN_CHECKPOINT_FORMAT = "feather-sparse-checkpoint"
 
@@ -133,7 +151,7 @@ _BITS_DTYPES: dict[int, torch.dtype] = {
 
 
 # ---------------------------------------------------------------------------
-# dtype helpers
+# Bytes and dtypes
 # ---------------------------------------------------------------------------
 
 
@@ -148,14 +166,20 @@ def _dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
-def _tensor_bytes(t: Tensor) -> memoryview:
-    """The raw bytes of a CPU tensor, without a copy when it is contiguous."""
-    flat = t.detach().cpu().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().data
+def _check_byte_order() -> None:
+    if sys.byteorder != "little":  # the raw bytes in the file are little-endian
+        raise RuntimeError("feather-sparse checkpoints need a little-endian machine")
 
 
-def _crc32(t: Tensor) -> int:
-    return zlib.crc32(_tensor_bytes(t))
+def _raw_bytes(t: Tensor) -> bytes:
+    """A CPU tensor's bytes in memory order (C-contiguous)."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _from_bytes(data: bytes, dtype: torch.dtype, shape: Sequence[int]) -> Tensor:
+    if not data:  # torch.frombuffer rejects empty buffers
+        return torch.empty(tuple(shape), dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(tuple(shape))
 
 
 def _bits(t: Tensor) -> Tensor:
@@ -167,9 +191,15 @@ def _bits(t: Tensor) -> Tensor:
 # Sparsity-pattern codecs
 # ---------------------------------------------------------------------------
 
-# Raw LZMA2 (no .xz container: the header keeps a CRC of every entry) at the
-# default preset; PRESET_EXTREME gained < 0.1 % on these data at 2x the time.
-_LZMA_FILTERS: list[dict[str, int]] = [{"id": lzma.FILTER_LZMA2, "preset": 6}]
+# Raw LZMA2 (no .xz container: every tensor's bytes carry a CRC-32 already) at
+# the default preset; PRESET_EXTREME gained < 0.1 % on these data at 2x the
+# time. No literal context (lc = lp = pb = 0): run bytes and mask bytes are
+# close to i.i.d., and context models only cost adaptation (3-10 % on layers
+# of 6k-25k weights). These settings are part of format version 1: raw LZMA2
+# decodes only with the filters it was written with.
+_LZMA_FILTERS: list[dict[str, int]] = [
+    {"id": lzma.FILTER_LZMA2, "preset": 6, "lc": 0, "lp": 0, "pb": 0}
+]
 # Where each codec can win on i.i.d. patterns (measured: the bit mask is
 # smaller above ~15 % density, the run bytes below); both are tried in between.
 _GAPS_MAX_DENSITY = 0.25
@@ -277,6 +307,54 @@ def _encode_pattern(mask: np.ndarray) -> tuple[str, bytes]:
 
 
 # ---------------------------------------------------------------------------
+# Value codec: byte planes + zlib
+# ---------------------------------------------------------------------------
+
+_VALUES_CODEC = "planes+zlib"
+_ZLIB_LEVEL = 6  # level 9 gained < 1 % on weight planes at 20x the time
+
+
+def _encode_values(values: Tensor) -> tuple[tuple[int, ...], bytes]:
+    """Byte planes of ``values``, each zlib-compressed where smaller.
+
+    Returns:
+        The stored length of each plane (a plane is compressed exactly when its
+        length is below the number of values) and the concatenated planes.
+    """
+    n, itemsize = values.numel(), values.element_size()
+    planes = values.contiguous().view(torch.uint8).reshape(n, itemsize).t().contiguous()
+    lengths: list[int] = []
+    chunks: list[bytes] = []
+    for plane in planes.numpy():  # (itemsize, n): plane i holds byte i of every value
+        raw = plane.tobytes()
+        packed = zlib.compress(raw, _ZLIB_LEVEL)
+        chunk = packed if len(packed) < len(raw) else raw
+        lengths.append(len(chunk))
+        chunks.append(chunk)
+    return tuple(lengths), b"".join(chunks)
+
+
+def _decode_values(data: bytes, lengths: Sequence[int], n: int, dtype: torch.dtype) -> Tensor:
+    if len(lengths) != dtype.itemsize or sum(lengths) != len(data):
+        raise ValueError("stored values do not match their header record")
+    planes = np.empty((dtype.itemsize, n), dtype=np.uint8)
+    offset = 0
+    for i, length in enumerate(lengths):
+        chunk = data[offset : offset + length]
+        offset += length
+        if length != n:  # compressed (only ever stored so when strictly smaller)
+            decompressor = zlib.decompressobj()
+            try:
+                chunk = decompressor.decompress(chunk, n + 1)
+            except zlib.error as err:
+                raise ValueError(f"stored values are corrupted ({err})") from None
+            if len(chunk) != n or not decompressor.eof:
+                raise ValueError("stored values are corrupted (wrong length)")
+        planes[i] = np.frombuffer(chunk, dtype=np.uint8)
+    return _from_bytes(np.ascontiguousarray(planes.T).tobytes(), dtype, (n,))
+
+
+# ---------------------------------------------------------------------------
 # File description (header)
 # ---------------------------------------------------------------------------
 
@@ -295,21 +373,23 @@ class TensorRecord:
         name: the ``state_dict`` key.
         shape: the tensor's shape.
         dtype: the tensor's dtype name (``"float32"``, ...).
-        encoding: ``"dense"`` or the name of the pattern codec.
         nnz: entries with a non-zero bit pattern (``-0.0`` counts as non-zero).
-        stored_bytes: bytes the entry's data take in the file.
+        crc32: CRC-32 of the entry's stored bytes.
+        pattern_codec: the pattern codec's name; ``None`` for a dense entry.
+        pattern_bytes: bytes of the compressed pattern (sparse entries).
         values_dtype: dtype name of the stored non-zero values (sparse entries).
-        checksums: CRC-32 of each stored safetensors entry, by its key.
+        value_planes: stored bytes of each byte plane of the values (sparse entries).
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
-    encoding: str
     nnz: int
-    stored_bytes: int
+    crc32: int
+    pattern_codec: str | None = None
+    pattern_bytes: int = 0
     values_dtype: str | None = None
-    checksums: Mapping[str, int] = field(default_factory=dict)
+    value_planes: tuple[int, ...] = ()
 
     @property
     def numel(self) -> int:
@@ -319,7 +399,12 @@ class TensorRecord:
     @property
     def is_sparse(self) -> bool:
         """Whether the entry is stored as pattern + values."""
-        return self.encoding != "dense"
+        return self.pattern_codec is not None
+
+    @property
+    def encoding(self) -> str:
+        """``"dense"`` or the pattern codec's name."""
+        return self.pattern_codec or "dense"
 
     @property
     def density(self) -> float:
@@ -332,47 +417,74 @@ class TensorRecord:
         return self.numel * _dtype_from_name(self.dtype).itemsize
 
     @property
-    def entropy_bound_bytes(self) -> float:
-        """``H(d)·N`` bits for the pattern plus the value bytes (dense: its bytes)."""
+    def stored_bytes(self) -> int:
+        """Bytes the entry takes in the file's data."""
         if not self.is_sparse:
-            return float(self.stored_bytes)
+            return self.dense_bytes
+        return self.pattern_bytes + sum(self.value_planes)
+
+    @property
+    def pattern_entropy_bytes(self) -> float:
+        """``H(d)·N`` bits, in bytes: no coder stores an i.i.d. pattern in less."""
+        return _binary_entropy(self.density) * self.numel / 8
+
+    @property
+    def raw_value_bytes(self) -> int:
+        """Bytes of the non-zero values uncompressed (sparse), or of the tensor (dense)."""
+        if not self.is_sparse:
+            return self.dense_bytes
         assert self.values_dtype is not None
-        value_bytes = self.nnz * _dtype_from_name(self.values_dtype).itemsize
-        return _binary_entropy(self.density) * self.numel / 8 + value_bytes
+        return self.nnz * _dtype_from_name(self.values_dtype).itemsize
+
+    @property
+    def entropy_bound_bytes(self) -> float:
+        """``H(d)·N`` bits plus the raw value bytes (dense entries: their bytes)."""
+        if not self.is_sparse:
+            return float(self.dense_bytes)
+        return self.pattern_entropy_bytes + self.raw_value_bytes
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
+            "name": self.name,
             "shape": list(self.shape),
             "dtype": self.dtype,
-            "encoding": self.encoding,
             "nnz": self.nnz,
-            "stored_bytes": self.stored_bytes,
-            "checksums": dict(self.checksums),
+            "crc32": self.crc32,
         }
-        if self.values_dtype is not None:
-            out["values_dtype"] = self.values_dtype
+        if self.is_sparse:
+            out["pattern"] = {"codec": self.pattern_codec, "bytes": self.pattern_bytes}
+            out["values"] = {
+                "dtype": self.values_dtype,
+                "codec": _VALUES_CODEC,
+                "planes": list(self.value_planes),
+            }
         return out
 
     @classmethod
-    def from_json(cls, name: str, data: Mapping[str, Any]) -> TensorRecord:
+    def from_json(cls, data: Mapping[str, Any]) -> TensorRecord:
+        name = data.get("name", "?") if isinstance(data, Mapping) else "?"
         try:
+            pattern, values = data.get("pattern"), data.get("values")
             record = cls(
-                name=name,
+                name=str(data["name"]),
                 shape=tuple(int(d) for d in data["shape"]),
                 dtype=str(data["dtype"]),
-                encoding=str(data["encoding"]),
                 nnz=int(data["nnz"]),
-                stored_bytes=int(data["stored_bytes"]),
-                values_dtype=data.get("values_dtype"),
-                checksums={str(k): int(v) for k, v in data["checksums"].items()},
+                crc32=int(data["crc32"]),
+                pattern_codec=None if pattern is None else str(pattern["codec"]),
+                pattern_bytes=0 if pattern is None else int(pattern["bytes"]),
+                values_dtype=None if values is None else str(values["dtype"]),
+                value_planes=() if values is None else tuple(int(n) for n in values["planes"]),
             )
+            if values is not None and values["codec"] != _VALUES_CODEC:
+                raise ValueError(f"unknown values codec {values['codec']!r}")
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ValueError(f"corrupted header: bad record for tensor {name!r} ({err})") from None
         _dtype_from_name(record.dtype)
-        if record.is_sparse and (
-            record.values_dtype is None or record.encoding not in PATTERN_CODECS
-        ):
-            raise ValueError(f"corrupted header: bad encoding for tensor {name!r}")
+        if record.is_sparse:
+            if record.values_dtype is None or record.pattern_codec not in PATTERN_CODECS:
+                raise ValueError(f"corrupted header: bad encoding for tensor {name!r}")
+            _dtype_from_name(record.values_dtype)
         return record
 
 
@@ -407,7 +519,7 @@ class SparseFileInfo:
 
     @property
     def entropy_bound_bytes(self) -> float:
-        """``Σ_l H(d_l)·N_l/8 + value bytes`` over sparse tensors, plus the dense ones' bytes."""
+        """``Σ_l H(d_l)·N_l/8 + raw value bytes`` over sparse tensors, plus the dense bytes."""
         return sum(r.entropy_bound_bytes for r in self.tensors)
 
     @property
@@ -418,12 +530,12 @@ class SparseFileInfo:
         return 1.0 - nnz / numel if numel else 0.0
 
 
-def _header_json(
+def _header_bytes(
     records: Sequence[TensorRecord],
     values: str,
     model_spec: dict[str, Any] | None,
     metadata: Mapping[str, Any],
-) -> str:
+) -> bytes:
     sparse = [r for r in records if r.is_sparse]
     numel = sum(r.numel for r in sparse)
     header = {
@@ -434,45 +546,49 @@ def _header_json(
         "model_spec": model_spec,
         "sparsity": 1.0 - sum(r.nnz for r in sparse) / numel if numel else 0.0,
         "metadata": dict(metadata),
-        "tensors": {r.name: r.to_json() for r in records},
+        "tensors": [r.to_json() for r in records],
     }
-    return json.dumps(header, separators=(",", ":"))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return lzma.compress(text, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64)
 
 
-def _parse_header(path: str, raw: Mapping[str, str] | None, file_bytes: int) -> SparseFileInfo:
-    if not raw or METADATA_KEY not in raw:
+def _check_format(path: str, fields: Mapping[str, Any]) -> None:
+    """Raise a clear error unless ``fields`` name this format and version."""
+    if fields.get("format") != FORMAT_NAME:
         raise ValueError(
-            f"{path} is a safetensors file but not a feather-sparse checkpoint "
-            "(no feather_sparse header); write it with feather_sparse.save_sparse"
+            f"{path} is not a feather-sparse checkpoint (format {fields.get('format')!r}); "
+            "write it with feather_sparse.save_sparse"
         )
-    try:
-        header = json.loads(raw[METADATA_KEY])
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: corrupted header ({err})") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+    version = str(fields.get("format_version"))
+    if version != str(FORMAT_VERSION):
         raise ValueError(
-            f"{path}: not a feather-sparse checkpoint (format {header.get('format')!r})"
-        )
-    version = header.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ValueError(
-            f"{path} has format version {version!r} (written by feather-sparse "
-            f"{header.get('library_version', '?')}); this feather-sparse {__version__} reads "
+            f"{path} has format version {version} (written by feather-sparse "
+            f"{fields.get('library_version', '?')}); this feather-sparse {__version__} reads "
             f"format version {FORMAT_VERSION} only"
         )
+
+
+def _parse_header(path: str, compressed: bytes, file_bytes: int) -> SparseFileInfo:
+    try:
+        header = json.loads(lzma.decompress(compressed, format=lzma.FORMAT_XZ))
+    except (lzma.LZMAError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: the header is corrupted ({err})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: the header is corrupted (not an object)")
+    _check_format(path, header)
     tensors = header.get("tensors")
-    if not isinstance(tensors, dict):
-        raise ValueError(f"{path}: corrupted header (no tensor table)")
+    if not isinstance(tensors, list):
+        raise ValueError(f"{path}: the header is corrupted (no tensor table)")
     spec = header.get("model_spec")
     return SparseFileInfo(
         path=path,
         file_bytes=file_bytes,
-        format_version=int(version),
+        format_version=int(header["format_version"]),
         library_version=str(header.get("library_version", "?")),
         values=str(header.get("values", "fp32")),
         model_spec=spec if isinstance(spec, dict) else None,
         metadata=dict(header.get("metadata") or {}),
-        tensors=tuple(TensorRecord.from_json(name, rec) for name, rec in tensors.items()),
+        tensors=tuple(TensorRecord.from_json(rec) for rec in tensors),
     )
 
 
@@ -496,29 +612,18 @@ def _model_spec(model: nn.Module) -> dict[str, Any] | None:
     return out
 
 
-def _encode_tensor(
-    name: str, tensor: Tensor, values: str
-) -> tuple[TensorRecord, dict[str, Tensor]]:
-    """The record and the safetensors entries of one state_dict tensor."""
+def _encode_tensor(name: str, tensor: Tensor, values: str) -> tuple[TensorRecord, bytes]:
+    """The record and the stored bytes of one state_dict tensor."""
     t = tensor.detach().cpu().contiguous()
-    dense_record = TensorRecord(
-        name=name,
-        shape=tuple(t.shape),
-        dtype=_dtype_name(t.dtype),
-        encoding="dense",
-        nnz=int((_bits(t) != 0).sum())
-        if t.is_floating_point() and t.element_size() in _BITS_DTYPES
-        else int(torch.count_nonzero(t)),
-        stored_bytes=t.numel() * t.element_size(),
-        checksums={name: _crc32(t)},
-    )
-    dense = (dense_record, {name: t.clone()})  # clone: no shared storage in safetensors
-    if not t.is_floating_point() or t.numel() == 0 or t.element_size() not in _BITS_DTYPES:
+    raw = _raw_bytes(t)
+    floating = t.is_floating_point() and t.element_size() in _BITS_DTYPES
+    nonzero = _bits(t) != 0 if floating else None
+    nnz = int(nonzero.sum()) if nonzero is not None else int(torch.count_nonzero(t))
+    shape, dtype = tuple(t.shape), _dtype_name(t.dtype)
+    dense = (TensorRecord(name, shape, dtype, nnz, crc32=zlib.crc32(raw)), raw)
+    if nonzero is None or t.numel() == 0 or nnz == t.numel():
         return dense
-    nonzero = _bits(t) != 0
-    nnz = int(nonzero.sum())
-    if nnz == t.numel():
-        return dense
+
     value_dtype = t.dtype
     if t.element_size() > 2 and values != "fp32":
         value_dtype = _VALUE_DTYPES[values]
@@ -531,23 +636,23 @@ def _encode_tensor(
                 f"tensor {name!r}: values={values!r} overflows (largest |value| "
                 f"{float(kept.abs().max()):.4g}); use values='bf16' or 'fp32'"
             )
-    codec, pattern_bytes = _encode_pattern(nonzero.numpy())
-    pattern = torch.frombuffer(bytearray(pattern_bytes), dtype=torch.uint8)
-    stored = len(pattern_bytes) + stored_values.numel() * stored_values.element_size()
-    if stored >= dense_record.stored_bytes:
+    codec, pattern = _encode_pattern(nonzero.numpy())
+    planes, value_bytes = _encode_values(stored_values)
+    payload = pattern + value_bytes
+    if len(payload) >= len(raw):
         return dense
-    pattern_key, values_key = f"{name}{_PART_SEP}pattern", f"{name}{_PART_SEP}values"
     record = TensorRecord(
-        name=name,
-        shape=tuple(t.shape),
-        dtype=_dtype_name(t.dtype),
-        encoding=codec,
-        nnz=nnz,
-        stored_bytes=stored,
+        name,
+        shape,
+        dtype,
+        nnz,
+        crc32=zlib.crc32(payload),
+        pattern_codec=codec,
+        pattern_bytes=len(pattern),
         values_dtype=_dtype_name(value_dtype),
-        checksums={pattern_key: _crc32(pattern), values_key: _crc32(stored_values)},
+        value_planes=planes,
     )
-    return record, {pattern_key: pattern, values_key: stored_values}
+    return record, payload
 
 
 def save_sparse(
@@ -589,6 +694,7 @@ def save_sparse(
         >>> info = save_sparse(model, tmp_path / "model.fsp")  # doctest: +SKIP
         >>> load_sparse(tmp_path / "model.fsp", nn.Linear(64, 64))  # doctest: +SKIP
     """
+    _check_byte_order()
     if values not in _VALUE_DTYPES:
         raise ValueError(f"values must be one of {sorted(_VALUE_DTYPES)}, got {values!r}")
     metadata = dict(metadata or {})
@@ -609,18 +715,19 @@ def save_sparse(
         state, spec = dict(model), None
 
     records: list[TensorRecord] = []
-    entries: dict[str, Tensor] = {}
+    chunks: list[bytes] = []
     for name, tensor in state.items():
         if not isinstance(tensor, Tensor):
             raise ValueError(f"state_dict entry {name!r} is not a tensor ({type(tensor).__name__})")
-        record, parts = _encode_tensor(name, tensor, values)
-        for key in parts:
-            if key in entries or (key != name and key in state):
-                raise ValueError(f"state_dict key {key!r} collides with a sparse-tensor entry name")
+        record, payload = _encode_tensor(name, tensor, values)
         records.append(record)
-        entries.update(parts)
+        chunks.append(payload)
 
-    header = _header_json(records, values, spec, metadata)
+    header = _header_bytes(records, values, spec, metadata)
+    entries = {
+        HEADER_KEY: _from_bytes(header, torch.uint8, (len(header),)),
+        DATA_KEY: _from_bytes(b"".join(chunks), torch.uint8, (sum(map(len, chunks)),)),
+    }
     from safetensors.torch import save_file
 
     target = Path(path)
@@ -628,12 +735,20 @@ def save_sparse(
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file(entries, tmp, metadata={METADATA_KEY: header})
+        save_file(
+            entries,
+            tmp,
+            metadata={
+                "format": FORMAT_NAME,
+                "format_version": str(FORMAT_VERSION),
+                "library_version": __version__,
+            },
+        )
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    info = _parse_header(str(target), {METADATA_KEY: header}, target.stat().st_size)
+    info = _parse_header(str(target), header, target.stat().st_size)
     logger.info(
         "wrote %s: %d bytes (%.1fx smaller than dense, %.3fx the entropy bound)",
         target,
@@ -649,20 +764,28 @@ def save_sparse(
 # ---------------------------------------------------------------------------
 
 
-def _open_checked(path: str | os.PathLike[str]) -> tuple[Any, str, int]:
-    """Open a safetensors file, translating its errors into clear ones."""
+def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo, bytes]:
+    """The file's description and (when asked) its data bytes, with clear errors."""
     from safetensors import SafetensorError, safe_open
 
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"sparse checkpoint {str(p)!r} does not exist")
     try:
-        handle = safe_open(str(p), framework="pt", device="cpu")
+        with safe_open(str(p), framework="pt", device="cpu") as f:
+            _check_format(str(p), f.metadata() or {})
+            keys = set(f.keys())
+            if not {HEADER_KEY, DATA_KEY} <= keys:
+                raise ValueError(f"{p}: the file is corrupted (entries {sorted(keys)})")
+            info = _parse_header(str(p), _raw_bytes(f.get_tensor(HEADER_KEY)), p.stat().st_size)
+            data = _raw_bytes(f.get_tensor(DATA_KEY)) if with_data else b""
     except SafetensorError as err:
         raise ValueError(
             f"{p} is not a readable feather-sparse checkpoint (truncated or corrupted?): {err}"
         ) from None
-    return handle, str(p), p.stat().st_size
+    if with_data and len(data) != sum(r.stored_bytes for r in info.tensors):
+        raise ValueError(f"{p}: the file is corrupted (data size does not match the header)")
+    return info, data
 
 
 def inspect_sparse(path: str | os.PathLike[str]) -> SparseFileInfo:
@@ -671,42 +794,31 @@ def inspect_sparse(path: str | os.PathLike[str]) -> SparseFileInfo:
     Raises:
         FileNotFoundError: if the file does not exist.
         ValueError: if it is not a feather-sparse checkpoint of this format
-            version, or is truncated.
+            version, or is truncated or corrupted.
     """
-    handle, name, size = _open_checked(path)
-    with handle as f:
-        return _parse_header(name, f.metadata(), size)
+    return _read(path, with_data=False)[0]
 
 
-def _decode_record(record: TensorRecord, read: Callable[[str], Tensor]) -> Tensor:
-    """Rebuild one tensor from its stored entries, verifying checksums."""
-    parts: dict[str, Tensor] = {}
-    for key, crc in record.checksums.items():
-        try:
-            part = read(key)
-        except Exception as err:  # safetensors raises its own types for missing keys
-            raise ValueError(f"tensor {record.name!r}: entry {key!r} missing ({err})") from None
-        if _crc32(part) != crc:
-            raise ValueError(
-                f"tensor {record.name!r} is corrupted (checksum mismatch in {key!r}); "
-                "the file was damaged after writing"
-            )
-        parts[key] = part
+def _decode_record(record: TensorRecord, payload: bytes) -> Tensor:
+    """Rebuild one tensor from its stored bytes, verifying the checksum."""
+    if zlib.crc32(payload) != record.crc32:
+        raise ValueError(
+            f"tensor {record.name!r} is corrupted (checksum mismatch); "
+            "the file was damaged after writing"
+        )
     dtype = _dtype_from_name(record.dtype)
     if not record.is_sparse:
-        tensor = parts[record.name]
-        if tuple(tensor.shape) != record.shape or tensor.dtype != dtype:
-            raise ValueError(f"tensor {record.name!r} does not match its header record")
-        return tensor
-    pattern = parts[f"{record.name}{_PART_SEP}pattern"]
-    values = parts[f"{record.name}{_PART_SEP}values"]
-    if values.numel() != record.nnz:
-        raise ValueError(
-            f"tensor {record.name!r}: {values.numel()} values for {record.nnz} non-zeros"
-        )
-    codec: PatternCodec = PATTERN_CODECS.get(record.encoding)
+        return _from_bytes(payload, dtype, record.shape)
+    assert record.pattern_codec is not None and record.values_dtype is not None
+    codec: PatternCodec = PATTERN_CODECS.get(record.pattern_codec)
     try:
-        mask = codec.decode(pattern.numpy().tobytes(), record.numel, record.nnz)
+        mask = codec.decode(payload[: record.pattern_bytes], record.numel, record.nnz)
+        values = _decode_values(
+            payload[record.pattern_bytes :],
+            record.value_planes,
+            record.nnz,
+            _dtype_from_name(record.values_dtype),
+        )
     except ValueError as err:
         raise ValueError(f"tensor {record.name!r}: {err}") from None
     if int(mask.sum()) != record.nnz:
@@ -730,10 +842,14 @@ def load_sparse_state_dict(
         FileNotFoundError: if the file does not exist.
         ValueError: for a truncated or corrupted file or another format version.
     """
-    handle, name, size = _open_checked(path)
-    with handle as f:
-        info = _parse_header(name, f.metadata(), size)
-        state = {record.name: _decode_record(record, f.get_tensor) for record in info.tensors}
+    _check_byte_order()
+    info, data = _read(path, with_data=True)
+    state: dict[str, Tensor] = {}
+    offset = 0
+    for record in info.tensors:
+        size = record.stored_bytes
+        state[record.name] = _decode_record(record, data[offset : offset + size])
+        offset += size
     return state, info
 
 
@@ -1380,8 +1496,18 @@ def format_info(info: SparseFileInfo) -> str:
         f"sparsity of the sparse ones {info.sparsity:.4f}",
         f"size: {_human_bytes(info.file_bytes)} vs {_human_bytes(info.dense_bytes)} dense "
         f"({info.dense_bytes / max(info.file_bytes, 1):.2f}x smaller), "
-        f"{info.file_bytes / max(bound, 1.0):.3f}x the entropy bound",
+        f"{info.file_bytes / max(bound, 1.0):.3f}x the bound H(d)*N + raw values",
     ]
+    sparse = [r for r in info.tensors if r.is_sparse]
+    if sparse:
+        pattern = sum(r.pattern_bytes for r in sparse)
+        entropy = sum(r.pattern_entropy_bytes for r in sparse)
+        stored = sum(sum(r.value_planes) for r in sparse)
+        raw = sum(r.raw_value_bytes for r in sparse)
+        lines.append(
+            f"sparse tensors: patterns {_human_bytes(pattern)} ({pattern / max(entropy, 1.0):.3f}x "
+            f"H(d)*N), values {_human_bytes(stored)} ({stored / max(raw, 1):.3f}x raw)"
+        )
     return "\n".join(lines)
 
 
