@@ -18,10 +18,10 @@ What the callback does, event by event:
   checkpoint, restores the Pruner's state saved in it.
 - ``on_step_end`` (once per optimizer step, after ``optimizer.step()``):
   ``pruner.step()``. The Pruner's step count equals ``state.global_step``.
-- ``on_log``: adds ``feather/sparsity``, ``feather/scheduled_sparsity`` and
-  ``feather/threshold`` (see :meth:`PrunerDriver.metrics
-  <feather_sparse.integrations._common.PrunerDriver.metrics>`) to the logged
-  values and to ``state.log_history``.
+- ``on_log``: adds ``feather/sparsity`` (the fraction of prunable weights
+  the forward zeroes now), ``feather/scheduled_sparsity`` and
+  ``feather/threshold`` (``feather/threshold_min`` and ``_max`` for per-layer
+  backbones) to the logged values and to ``state.log_history``.
 - ``on_save``: writes the Pruner's state to ``feather_pruner.pt`` in the
   checkpoint folder. While attached, the model's ``state_dict`` uses the plain
   keys of the dense model, so the Trainer's checkpoint loads into the plain
