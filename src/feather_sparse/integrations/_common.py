@@ -19,6 +19,7 @@ thresholds, step and schedule position travel in the Pruner's own state.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import Mapping
@@ -131,57 +132,49 @@ class PrunerDriver:
     def attach(self, model: nn.Module, total_steps: int) -> Pruner:
         """Attach a Pruner laid out on ``total_steps`` optimizer steps, restoring pending state.
 
-        A Pruner still attached to the same model (a ``train()`` call after an
-        interrupted one, in the same process) is kept, not attached twice.
+        A Pruner this driver still has attached (training started again in the
+        same process, e.g. after an interruption) is first detached without
+        baking — the model keeps the dense weights the trainer has just
+        loaded or left — and a new one is attached, so each training run
+        starts from the trainer's own state.
 
         Raises:
             ValueError: for invalid Pruner arguments, a backbone with trainable
                 parameters (the trainer's optimizer and loss would not include
-                them), or a saved state that does not match.
+                them), or a saved state that does not match. The model is left
+                without a Pruner then.
         """
         if self.attached:
-            assert self.pruner is not None
-            if self.pruner.model is not model:
-                raise ValueError(
-                    f"this {self.owner} is already attached to another model; "
-                    "use one callback per model"
-                )
-            if self.pruner.total_steps != total_steps:
-                raise ValueError(
-                    f"this {self.owner} was attached for {self.pruner.total_steps} steps, but the "
-                    f"trainer now runs {total_steps}; create a new callback"
-                )
-            created = False
-        else:
-            pruner = Pruner(model, self.sparsity, total_steps, **self.pruner_kwargs)
-            if pruner.parameters():
-                pruner.remove()
-                raise ValueError(
-                    f"backbone {pruner.backbone.name!r} has trainable parameters and a "
-                    f"regularizer, which {self.owner} cannot add to the trainer's optimizer "
-                    "and loss; use a hand-written loop (see the Pruner docs) or another backbone"
-                )
-            self.pruner = pruner
-            self._handles = _plain_key_hooks(pruner)
-            self.final_sparsity = None
-            created = True
-        assert self.pruner is not None
-        if self._pending is not None:
+            logger.info("%s: detaching the Pruner of the previous run", self.owner)
+            self.reset()
+        pruner = Pruner(model, self.sparsity, total_steps, **self.pruner_kwargs)
+        if pruner.parameters():
+            pruner.remove()
+            raise ValueError(
+                f"backbone {pruner.backbone.name!r} has trainable parameters and a "
+                f"regularizer, which {self.owner} cannot add to the trainer's optimizer "
+                "and loss; use a hand-written loop (see the Pruner docs) or another backbone"
+            )
+        self.pruner = pruner
+        self._handles = _plain_key_hooks(pruner)
+        self.final_sparsity = None
+        pending, self._pending = self._pending, None
+        if pending is not None:
             try:
-                self.pruner.load_state_dict(self._pending)
+                pruner.load_state_dict(pending)
             except Exception:
-                if created:  # leave the model as it was
-                    self._detach()
+                self.reset()  # leave the model as it was
                 raise
-            self._pending = None
-        return self.pruner
+        return pruner
 
-    def _detach(self) -> None:
-        assert self.pruner is not None
+    def reset(self) -> None:
+        """Detach the Pruner without baking (dense weights back) and forget it."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self.pruner.remove()
+        if self.pruner is not None:
+            with contextlib.suppress(RuntimeError):  # already finalized or removed
+                self.pruner.remove()
         self.pruner = None
 
     def step(self) -> None:
@@ -227,14 +220,8 @@ class PrunerDriver:
         return dict(self._pending or {})
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a saved state now if attached, else when :meth:`attach` runs."""
-        if not state:
-            return
-        self._pending = dict(state)
-        if self.attached:
-            assert self.pruner is not None
-            self.pruner.load_state_dict(self._pending)
-            self._pending = None
+        """Keep a saved state; :meth:`attach` restores it into the new Pruner."""
+        self._pending = dict(state) if state else None
 
     @torch.no_grad()
     def finish(self) -> float | None:

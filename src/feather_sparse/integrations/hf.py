@@ -129,7 +129,7 @@ class FeatherCallback(TrainerCallback):
     ) -> None:
         if model is None:
             raise RuntimeError("FeatherCallback: the Trainer passed no model to on_train_begin")
-        if state.global_step > 0 and not self._driver.attached:
+        if state.global_step > 0:  # resuming: the checkpoint holds the Pruner's state
             self._driver.load_state_dict(self._load(args, state))
         pruner = self._driver.attach(model, int(state.max_steps))
         if pruner.current_step != state.global_step:
