@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -144,5 +145,10 @@ def test_self_contained_snippets_run(
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert blocks
     monkeypatch.chdir(tmp_path)
-    for i, block in enumerate(blocks):
-        exec(compile(block, f"{page}[python block {i}]", "exec"), {"__name__": "__docs__"})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared CPU
+    try:
+        for i, block in enumerate(blocks):
+            exec(compile(block, f"{page}[python block {i}]", "exec"), {"__name__": "__docs__"})
+    finally:
+        torch.set_num_threads(threads)

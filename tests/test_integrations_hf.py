@@ -139,9 +139,14 @@ class Runs:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     out = tmp_path_factory.mktemp("hf")
-    full = train(out)
-    checkpoint = out / f"checkpoint-{SAVE_STEPS}"
-    resumed = train(out, resume=str(checkpoint))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is fastest, and spares a shared CPU
+    try:
+        full = train(out)
+        checkpoint = out / f"checkpoint-{SAVE_STEPS}"
+        resumed = train(out, resume=str(checkpoint))
+    finally:
+        torch.set_num_threads(threads)
     return Runs(full, resumed, checkpoint)
 
 

@@ -104,9 +104,14 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    full = fit(tmp_path_factory.mktemp("full"))
-    checkpoint = full.root / "ckpt" / f"epoch=0-step={STEPS_PER_EPOCH}.ckpt"
-    resumed = fit(tmp_path_factory.mktemp("resumed"), ckpt_path=str(checkpoint))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is fastest, and spares a shared CPU
+    try:
+        full = fit(tmp_path_factory.mktemp("full"))
+        checkpoint = full.root / "ckpt" / f"epoch=0-step={STEPS_PER_EPOCH}.ckpt"
+        resumed = fit(tmp_path_factory.mktemp("resumed"), ckpt_path=str(checkpoint))
+    finally:
+        torch.set_num_threads(threads)
     return Runs(full, resumed, checkpoint)
 
 
