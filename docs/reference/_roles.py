@@ -62,6 +62,9 @@ class SphinxRoles(griffe.Extension):
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
         self._visit(pkg, pkg, set())
 
+    # The same event's name before Griffe 2; rewriting twice changes nothing.
+    on_package_loaded = on_package
+
     def _visit(self, pkg: griffe.Module, obj: Any, seen: set[str]) -> None:
         if obj.is_alias or obj.path in seen:
             return

@@ -8,7 +8,7 @@ Trainer; the Pruner's arguments go to the callback::
     callback = FeatherCallback(sparsity=0.9, exclude=["classifier"])
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     trainer.train()                 # the model comes back finalized: exact zeros
-    callback.final_sparsity         # 0.9
+    callback.final_sparsity         # 0.9, to within one weight
 
 What the callback does, event by event:
 

@@ -8,7 +8,7 @@ the Trainer; the Pruner's arguments go to the callback::
     callback = FeatherCallback(sparsity=0.9, exclude=["net.head"])
     trainer = L.Trainer(max_epochs=10, callbacks=[callback])
     trainer.fit(module, loader)     # the module comes back finalized: exact zeros
-    callback.final_sparsity         # 0.9
+    callback.final_sparsity         # 0.9, to within one weight
 
 The Pruner is attached to the ``LightningModule`` itself, so layer names in
 ``include``/``exclude`` are as ``module.named_modules()`` gives them
