@@ -19,7 +19,7 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
@@ -82,20 +82,20 @@ HEADER = (
 )
 
 
-def bench_linear(repeats: int) -> None:
+def bench_linear(repeats: int, batches: Sequence[int]) -> None:
     print("\n4096x4096 nn.Linear vs SparseLinear (CSR, int32 indices)\n")
     print(HEADER)
     for sparsity in SPARSITIES:
         linear = prune_(nn.Linear(4096, 4096), sparsity).eval()
         sparse = SparseLinear.from_dense(linear)
-        for batch in BATCHES:
+        for batch in batches:
             x = torch.randn(batch, 4096)
             torch.testing.assert_close(sparse(x), linear(x), rtol=1e-4, atol=1e-4)
             dense_s, sparse_s = compare(partial(linear, x), partial(sparse, x), repeats)
             print(row("Linear 4096x4096", sparsity, batch, dense_s, sparse_s))
 
 
-def bench_conv3x3(repeats: int) -> None:
+def bench_conv3x3(repeats: int, batches: Sequence[int]) -> None:
     """A 3x3 conv as unfold + CSR matmul: the im2col copy eats the savings on CPU."""
     print("\n3x3 Conv2d 64->64 on 16x16 maps: dense vs unfold + CSR matmul\n")
     print(HEADER)
@@ -113,14 +113,14 @@ def bench_conv3x3(repeats: int) -> None:
             out = torch.addmm(bias, w, cols)  # (64, n·256)
             return out.reshape(64, n, 16, 16).transpose(0, 1).contiguous()
 
-        for batch in BATCHES:
+        for batch in batches:
             x = torch.randn(batch, 64, 16, 16)
             torch.testing.assert_close(sparse_conv(x), conv(x), rtol=1e-4, atol=1e-4)
             dense_s, sparse_s = compare(partial(conv, x), partial(sparse_conv, x), repeats)
             print(row("Conv2d 3x3 64->64", sparsity, batch, dense_s, sparse_s))
 
 
-def bench_model(name: str, repeats: int) -> None:
+def bench_model(name: str, repeats: int, batches: Sequence[int]) -> None:
     from feather_sparse.models import create_model, model_info
 
     shape = model_info(name).input_shape
@@ -136,7 +136,7 @@ def bench_model(name: str, repeats: int) -> None:
             ],
             "all eligible": [n for n, m in forced.named_modules() if "Sparse" in type(m).__name__],
         }
-        for batch in BATCHES:
+        for batch in batches:
             x = torch.randn(batch, *shape)
             for label, sparse_model in (("default rules", default), ("all eligible", forced)):
                 if not converted[label]:
@@ -164,6 +164,10 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=25, help="timing samples per case")
     parser.add_argument(
+        "--batches", type=int, nargs="+", default=list(BATCHES), help="batch sizes (default 1 64)"
+    )
+    parser.add_argument("--only-linear", action="store_true", help="time the 4096x4096 Linear only")
+    parser.add_argument(
         "--models",
         nargs="*",
         default=["mnist1d_cnn", "mobilenet_v1"],
@@ -175,18 +179,20 @@ def main() -> None:
     torch.manual_seed(0)
     print(f"{machine()}, {os.cpu_count()} CPUs, repeats {args.repeats} (medians)")
     with torch.inference_mode():
-        bench_linear(args.repeats)
+        bench_linear(args.repeats, args.batches)
+        if args.only_linear:
+            return
         try:
             from feather_sparse.models import list_models
         except ImportError:
-            print("\n(feather_sparse.models not available: bundled model skipped)")
+            print("\n(feather_sparse.models not available: models skipped)")
         else:
             for name in args.models:
                 if name in list_models():
-                    bench_model(name, args.repeats)
+                    bench_model(name, args.repeats, args.batches)
                 else:
                     print(f"\n(model {name!r} not registered: skipped)")
-        bench_conv3x3(args.repeats)
+        bench_conv3x3(args.repeats, args.batches)
 
 
 if __name__ == "__main__":
