@@ -166,6 +166,16 @@ def _dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
+def _safetensors(module: str) -> Any:
+    """Import (a part of) safetensors, the optional container library."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ValueError(
+            "sparse checkpoints need the safetensors package: pip install 'feather-sparse[export]'"
+        ) from None
+
+
 def _check_byte_order() -> None:
     if sys.byteorder != "little":  # the raw bytes in the file are little-endian
         raise RuntimeError("feather-sparse checkpoints need a little-endian machine")
@@ -728,8 +738,7 @@ def save_sparse(
         HEADER_KEY: _from_bytes(header, torch.uint8, (len(header),)),
         DATA_KEY: _from_bytes(b"".join(chunks), torch.uint8, (sum(map(len, chunks)),)),
     }
-    from safetensors.torch import save_file
-
+    save_file = _safetensors("safetensors.torch").save_file
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -766,8 +775,8 @@ def save_sparse(
 
 def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo, bytes]:
     """The file's description and (when asked) its data bytes, with clear errors."""
-    from safetensors import SafetensorError, safe_open
-
+    safetensors = _safetensors("safetensors")
+    safe_open, SafetensorError = safetensors.safe_open, safetensors.SafetensorError
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"sparse checkpoint {str(p)!r} does not exist")
