@@ -473,6 +473,16 @@ def test_to_sparse_inference_with_example_input_times_layers() -> None:
     assert inplace is net and isinstance(net[0], SparseLinear)
 
 
+@pytest.mark.gpu
+def test_sparse_layers_on_cuda() -> None:
+    linear = prune_(nn.Linear(300, 200), 0.95).cuda()
+    conv = prune_(nn.Conv2d(24, 40, 1), 0.9).cuda()
+    x, images = torch.randn(5, 300, device="cuda"), torch.randn(2, 24, 6, 6, device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(SparseLinear.from_dense(linear)(x), linear(x))
+        torch.testing.assert_close(SparsePointwiseConv.from_dense(conv)(images), conv(images))
+
+
 def test_to_sparse_inference_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="min_sparsity"):
         to_sparse_inference(nn.Linear(2, 2), min_sparsity=1.5)

@@ -48,8 +48,9 @@ A sparse tensor is stored as its pattern followed by its values:
   - ``gaps+lzma``: the run of zeros before each non-zero, one byte per run
     (a run ``g`` is ``g // 255`` bytes of 255 followed by the byte ``g % 255``),
     compressed with raw LZMA2. Adaptive LZMA turns these bytes into close to
-    the entropy of the pattern: within 1 % of ``H(d)·N`` bits at 90–99 %
-    sparsity for i.i.d. patterns (``benchmarks/bench_export_size.py``).
+    the entropy of the pattern: within 1.5–3 % of ``H(d)·N`` bits at 90–99 %
+    sparsity for i.i.d. patterns of millions of entries, 4–13 % for layers of
+    a few thousand (``benchmarks/bench_export_size.py``).
   - ``bitmask+lzma``: the packed bit mask (little bit order) compressed with raw
     LZMA2; smaller at low sparsity.
 
@@ -1427,7 +1428,8 @@ def _model_from_training_checkpoint(path: Path) -> tuple[nn.Module, dict[str, An
     if ckpt.get("pruner") is not None:
         from feather_sparse.pruner import Pruner
 
-        # Same thresholds, recomputed on the final weights; bakes P_T(w) in.
+        # The Pruner rebuilt from its saved config and state; finalize()
+        # recomputes T at the target sparsity and writes P_T(w) into the weights.
         Pruner.from_state_dict(model, ckpt["pruner"]).finalize()
     metadata = {
         "source": str(path),
