@@ -8,6 +8,13 @@ pruned weights. This module only re-exports the public API.
 
 from feather_sparse._version import __version__
 from feather_sparse.backbones import BACKBONES, Backbone, GlobalBackbone
+from feather_sparse.export import (
+    export_onnx,
+    inspect_sparse,
+    load_sparse,
+    save_sparse,
+    to_sparse_inference,
+)
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, threshold
 from feather_sparse.pruner import DEFAULT_INCLUDE, LayerReport, Pruner, PrunerReport, auto_theta
 from feather_sparse.registry import Registry
@@ -39,7 +46,12 @@ __all__ = [
     "ThresholdOperator",
     "__version__",
     "auto_theta",
+    "export_onnx",
+    "inspect_sparse",
     "kth_magnitude",
+    "load_sparse",
+    "save_sparse",
     "select_threshold",
     "threshold",
+    "to_sparse_inference",
 ]

@@ -110,6 +110,8 @@ class _ArrayUnpickler(pickle.Unpickler):
             ("numpy._core.multiarray", "scalar"),
             ("numpy.core.numeric", "_frombuffer"),
             ("numpy._core.numeric", "_frombuffer"),
+            # bytes in protocol-2 pickles written by Python 3
+            ("_codecs", "encode"),
         }
     )
 
