@@ -7,6 +7,15 @@ pruned weights. This module only re-exports the public API.
 """
 
 from feather_sparse._version import __version__
+from feather_sparse.models import ModelInfo, create_model, list_models, model_info, register_model
 from feather_sparse.registry import Registry
 
-__all__ = ["Registry", "__version__"]
+__all__ = [
+    "ModelInfo",
+    "Registry",
+    "__version__",
+    "create_model",
+    "list_models",
+    "model_info",
+    "register_model",
+]
