@@ -17,7 +17,9 @@ def test_lookup_pass_through_and_errors() -> None:
     assert reg.get(5) == 5
     assert reg.names() == ["global-flops", "mobilenet_v1"]
     assert "Global_Flops" in reg and "nope" not in reg
-    with pytest.raises(ValueError, match=r"unknown widget 'nope'; choose one of: global-flops, mobilenet_v1"):
+    with pytest.raises(
+        ValueError, match=r"unknown widget 'nope'; choose one of: global-flops, mobilenet_v1"
+    ):
         reg.get("nope")
     with pytest.raises(ValueError, match="already registered"):
         reg.register("mobilenet-v1", 3)

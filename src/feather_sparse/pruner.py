@@ -1,0 +1,769 @@
+"""The Pruner: attaches Feather to a model and drives it during training.
+
+Glentis Georgoulakis, Retsinas & Maragos, "Feather: An Elegant Solution to
+Effective DNN Sparsification", BMVC 2023. Every prunable weight ``w`` is
+replaced, in the layer's forward only, by ``P_T(w)`` (eq. 3) through
+``torch.nn.utils.parametrize``; the optimizer keeps updating the dense ``w``
+(the straight-through estimator, eq. 1-2) with the pruned weights' gradients
+scaled by ``θ`` (eq. 4). The thresholds come from a backbone (§3) at the
+sparsity a schedule requests, recomputed after every optimizer step.
+
+Usage, like an LR scheduler::
+
+    pruner = Pruner(model, sparsity=0.9, total_steps=epochs * len(loader))
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(); loss.backward(); optimizer.step()
+        pruner.step()
+    pruner.finalize()   # bakes P_T(w) into plain weights, exact zeros
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from feather_sparse._version import __version__
+from feather_sparse.backbones import (
+    BACKBONES,
+    Backbone,
+    PruneTarget,
+    layer_thresholds_at_most,
+)
+from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, compute_dtype
+from feather_sparse.schedules import SCHEDULES, CubicSchedule, Schedule
+
+__all__ = [
+    "DEFAULT_INCLUDE",
+    "LayerReport",
+    "Pruner",
+    "PrunerReport",
+    "auto_theta",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Layer types pruned by default: every convolution and linear weight, as in
+#: the authors' released code (first conv and classifier included; biases and
+#: normalisation layers never).
+DEFAULT_INCLUDE: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+
+#: The automatic θ rule's boundary (§2.2.2): θ = 0.5 for final sparsity S at or
+#: above it, 1.0 below.
+AUTO_THETA_BOUNDARY = 0.95
+AUTO_THETA_LOW = 0.5
+
+STATE_FORMAT = "feather-sparse-pruner"
+
+
+def auto_theta(sparsity: float, rule: str = "paper") -> float:
+    """The paper's automatic gradient scale ``θ = g(S)``.
+
+    Args:
+        sparsity: the final target sparsity ``S``.
+        rule: ``"paper"`` — θ = 0.5 when ``S >= 0.95`` (the paper's text, §2.2.2);
+            ``"released"`` — θ = 0.5 when ``S > 0.95`` (the authors' released
+            code). They differ only at exactly ``S = 0.95``.
+
+    Returns:
+        0.5 or 1.0.
+    """
+    if rule == "paper":
+        return AUTO_THETA_LOW if sparsity >= AUTO_THETA_BOUNDARY else 1.0
+    if rule == "released":
+        return AUTO_THETA_LOW if sparsity > AUTO_THETA_BOUNDARY else 1.0
+    raise ValueError(f"unknown theta rule {rule!r}; choose one of: paper, released")
+
+
+class FeatherParametrization(nn.Module):
+    """``weight -> operator(weight, threshold, θ)``, registered with ``parametrize``.
+
+    The threshold is a 0-d buffer on the weight's device, written in place by
+    the Pruner, so the forward never synchronises with the host and a compiled
+    graph sees a tensor input, not a constant (no recompilation when it moves).
+    It is not persistent: the Pruner's own ``state_dict`` holds it.
+    """
+
+    threshold: Tensor
+
+    def __init__(self, operator: Operator, theta: float, threshold: Tensor) -> None:
+        super().__init__()
+        self.operator = operator
+        self.theta = theta
+        self.register_buffer("threshold", threshold, persistent=False)
+
+    def forward(self, weight: Tensor) -> Tensor:
+        return self.operator(weight, self.threshold, self.theta)
+
+    def extra_repr(self) -> str:
+        return f"operator={self.operator!r}, theta={self.theta}"
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """One prunable tensor's state."""
+
+    name: str
+    shape: tuple[int, ...]
+    params: int
+    threshold: float
+    sparsity: float
+    collapsed: bool  # every weight pruned: the layer outputs only its bias
+
+
+@dataclass(frozen=True)
+class PrunerReport:
+    """Per-layer rows and totals, as returned by :meth:`Pruner.report`."""
+
+    step: int
+    target_sparsity: float
+    scheduled_sparsity: float
+    sparsity: float
+    params: int
+    layers: tuple[LayerReport, ...]
+
+    @property
+    def collapsed(self) -> list[str]:
+        """Names of the layers pruned to 100 %."""
+        return [row.name for row in self.layers if row.collapsed]
+
+    def table(self) -> str:
+        """The rows as a Markdown table (for printing by the caller)."""
+        lines = [
+            "| layer | shape | params | threshold | sparsity |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for r in self.layers:
+            flag = " **collapsed**" if r.collapsed else ""
+            shape = "×".join(map(str, r.shape))
+            lines.append(
+                f"| {r.name} | {shape} | {r.params:,} | {r.threshold:.4g} "
+                f"| {r.sparsity:.2%}{flag} |"
+            )
+        lines.append(f"| **total** | | {self.params:,} | | {self.sparsity:.2%} |")
+        return "\n".join(lines)
+
+
+def _resolve_schedule(schedule: Any) -> Schedule | Callable[[int], float]:
+    if schedule is None:
+        return CubicSchedule()
+    if isinstance(schedule, str):
+        cls: type[Schedule] = SCHEDULES.get(schedule)
+        return cls()
+    if isinstance(schedule, dict):
+        cfg = dict(schedule)
+        cls = SCHEDULES.get(cfg.pop("name"))
+        return cls(**cfg)
+    if isinstance(schedule, Schedule) or callable(schedule):
+        return schedule
+    raise ValueError(
+        f"schedule must be a name ({', '.join(SCHEDULES.names())}), a Schedule, "
+        f"or a callable step -> sparsity; got {schedule!r}"
+    )
+
+
+def _resolve_operator(operator: str | Operator, p: float | None) -> Operator:
+    op = OPERATORS.get(operator)
+    if not isinstance(op, Operator):
+        raise ValueError(
+            f"operator must be one of {', '.join(OPERATORS.names())} or an Operator, "
+            f"got {operator!r}"
+        )
+    if p is None:
+        return op
+    if not isinstance(op, ThresholdOperator):
+        raise ValueError(f"p applies to the thresholding operators only, not to {op!r}")
+    if op.name in ("hard", "soft") and float(p) != op.p:
+        raise ValueError(
+            f"operator {op.name!r} fixes p = {op.p}; pass operator='feather' to choose p={p}"
+        )
+    return ThresholdOperator(p=float(p), name=op.name)
+
+
+def _resolve_backbone(backbone: str | Backbone | dict[str, Any]) -> Backbone:
+    if isinstance(backbone, Backbone):
+        return backbone
+    if isinstance(backbone, dict):
+        cfg = dict(backbone)
+        cls = BACKBONES.get(cfg.pop("name"))
+        return cls(**cfg)
+    cls = BACKBONES.get(backbone)
+    if not (isinstance(cls, type) and issubclass(cls, Backbone)):
+        raise ValueError(
+            f"backbone must be one of {', '.join(BACKBONES.names())} or a Backbone, "
+            f"got {backbone!r}"
+        )
+    return cls()
+
+
+def _matches(name: str, patterns: Iterable[str], children: bool) -> bool:
+    """Whether ``name`` is one of ``patterns`` (a name, or ``"re:<regex>"`` matched in full).
+
+    With ``children``, a plain name also matches every module below it.
+    """
+    for pat in patterns:
+        if pat.startswith("re:"):
+            if re.fullmatch(pat[3:], name):
+                return True
+        elif name == pat or (children and name.startswith(pat + ".")):
+            return True
+    return False
+
+
+def _find_targets(
+    model: nn.Module,
+    include: Sequence[type[nn.Module] | str],
+    exclude: Sequence[str],
+    min_params: int,
+) -> list[PruneTarget]:
+    types = tuple(i for i in include if isinstance(i, type))
+    names = [i for i in include if isinstance(i, str)]
+    for pat in [*names, *exclude]:
+        if pat.startswith("re:"):
+            try:
+                re.compile(pat[3:])
+            except re.error as err:
+                raise ValueError(f"invalid regular expression in {pat!r}: {err}") from None
+    targets = []
+    for name, module in model.named_modules():
+        if not (isinstance(module, types) or (names and _matches(name, names, children=False))):
+            continue
+        if _matches(name, exclude, children=True):
+            continue
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, Tensor) or not weight.is_floating_point():
+            continue
+        if weight.numel() < min_params:
+            continue
+        targets.append(PruneTarget(name, module))
+    return targets
+
+
+class Pruner:
+    """Prune a model to an unstructured sparsity during training, with Feather.
+
+    Args:
+        model: any ``nn.Module``; its prunable weights get a parametrization,
+            nothing else changes (the modules, their forward, the parameters the
+            optimizer holds).
+        sparsity: final target sparsity ``S`` in ``[0, 1)``, over all prunable weights.
+        total_steps: number of :meth:`step` calls in the whole training
+            (``epochs × batches per epoch``); the schedule is laid out on it.
+        operator: ``"feather"`` (p = 3, default), ``"soft"`` (p = 1),
+            ``"hard"`` (p = inf), or an :class:`~feather_sparse.ops.Operator`.
+        p: the operator's power, overriding ``operator``'s (Feather family only).
+        theta: gradient scale of pruned weights in ``[0, 1]``, or ``"auto"``
+            (the paper's rule, see :func:`auto_theta`).
+        theta_rule: boundary of the auto rule: ``"paper"`` (S ≥ 0.95) or
+            ``"released"`` (S > 0.95, the authors' code).
+        backbone: ``"global"`` (one threshold, the paper's main backbone), another
+            registered name, or a :class:`~feather_sparse.backbones.Backbone`.
+        schedule: a :class:`~feather_sparse.schedules.Schedule` (default
+            ``CubicSchedule(start=0, end=0.5)``), a registered name, or any
+            callable ``step -> sparsity``.
+        update_every: recompute thresholds every this many steps (1 = every
+            step, as in the paper).
+        include: layer types to prune, and/or module names / ``"re:"`` patterns.
+        exclude: module names (a name also excludes its children) or
+            ``"re:<regex>"`` patterns (full match) never to prune.
+        min_params: skip weights with fewer elements.
+        max_layer_sparsity: layer-collapse guard, off (``None``) by default as in
+            the paper: cap each layer's threshold so that at most this fraction of
+            the layer is pruned. With the guard active the overall sparsity can
+            fall below the target (the capped layers keep more weights).
+        check_finite: raise at :meth:`step` if a weight holds NaN or inf.
+
+    Raises:
+        ValueError: for invalid arguments, a model with no prunable layer, or a
+            model already pruned. Nothing in the model is modified then.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sparsity: float,
+        total_steps: int,
+        operator: str | Operator = "feather",
+        p: float | None = None,
+        theta: float | str = "auto",
+        backbone: str | Backbone | dict[str, Any] = "global",
+        schedule: Schedule | Callable[[int], float] | str | dict[str, Any] | None = None,
+        update_every: int = 1,
+        include: Sequence[type[nn.Module] | str] = DEFAULT_INCLUDE,
+        exclude: Sequence[str] = (),
+        min_params: int = 0,
+        max_layer_sparsity: float | None = None,
+        theta_rule: str = "paper",
+        check_finite: bool = True,
+    ) -> None:
+        # --- validate everything before touching the model -------------------
+        if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)):
+            raise ValueError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
+        if not 0.0 <= sparsity < 1.0:
+            raise ValueError(
+                f"sparsity must be in [0, 1) (e.g. 0.9 keeps 10 % of the weights), got {sparsity}"
+            )
+        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0:
+            raise ValueError(
+                "total_steps must be a positive int (epochs × batches per epoch), "
+                f"got {total_steps!r}"
+            )
+        if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
+            raise ValueError(f"update_every must be an int >= 1, got {update_every!r}")
+        if isinstance(min_params, bool) or not isinstance(min_params, int) or min_params < 0:
+            raise ValueError(f"min_params must be an int >= 0, got {min_params!r}")
+        if max_layer_sparsity is not None and not 0.0 <= max_layer_sparsity < 1.0:
+            raise ValueError(
+                f"max_layer_sparsity must be in [0, 1) or None, got {max_layer_sparsity}"
+            )
+        if isinstance(include, (str, type)):
+            include = (include,)
+        if isinstance(exclude, str):
+            exclude = (exclude,)
+        self._theta_spec = theta
+        if theta == "auto":
+            resolved_theta = auto_theta(float(sparsity), theta_rule)
+        elif isinstance(theta, str):
+            raise ValueError(f"theta must be a number in [0, 1] or 'auto', got {theta!r}")
+        else:
+            auto_theta(0.0, theta_rule)  # validates the rule name
+            resolved_theta = float(theta)
+        if not 0.0 <= resolved_theta <= 1.0:
+            raise ValueError(
+                f"theta must be in [0, 1] (1 = plain STE, 0 = non-STE) or 'auto', got {theta}"
+            )
+        self.operator = _resolve_operator(operator, p)
+        self.backbone = _resolve_backbone(backbone)
+        self.schedule = _resolve_schedule(schedule)
+        targets = _find_targets(model, include, exclude, min_params)
+        if not targets:
+            raise ValueError(
+                f"no prunable layer found in {type(model).__name__}: include={_names(include)}, "
+                f"exclude={list(exclude)}, min_params={min_params} matched no module with a "
+                "floating-point `weight`; widen `include` or relax `exclude`/`min_params`"
+            )
+        for t in targets:
+            if parametrize.is_parametrized(t.module, "weight"):
+                raise ValueError(
+                    f"layer {t.name!r} already has a parametrization on its weight (a Pruner is "
+                    "attached, or another parametrization is): call pruner.remove() or "
+                    "pruner.finalize() on the earlier Pruner first"
+                )
+        devices = {t.weight.device for t in targets}
+        if len(devices) > 1 and self.backbone.name.startswith("global"):
+            raise ValueError(
+                f"prunable weights live on several devices ({sorted(map(str, devices))}); the "
+                "global threshold needs them on one device"
+            )
+
+        self.model = model
+        self.sparsity = float(sparsity)
+        self.total_steps = total_steps
+        self.theta = resolved_theta
+        self.theta_rule = theta_rule
+        self.update_every = update_every
+        self.include = tuple(include)
+        self.exclude = tuple(exclude)
+        self.min_params = min_params
+        self.max_layer_sparsity = max_layer_sparsity
+        self.check_finite = check_finite
+        self.targets = targets
+        self._step = 0
+        self._finished = False
+        self._warned_collapse: set[str] = set()
+        self.backbone.setup(targets)
+
+        # --- attach: thresholds for step 0, then the parametrizations --------
+        thresholds = self._compute_thresholds(self.scheduled_sparsity(0))
+        attached: list[PruneTarget] = []
+        try:
+            for t, value in zip(targets, thresholds):
+                buf = (
+                    value.detach()
+                    .to(device=t.weight.device, dtype=compute_dtype(t.weight.dtype))
+                    .clone()
+                )
+                param = FeatherParametrization(self.operator, self.theta, buf)
+                parametrize.register_parametrization(t.module, "weight", param)
+                attached.append(t)
+        except Exception:
+            for t in attached:  # leave the model as we found it
+                parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
+            raise
+        self._current = self.scheduled_sparsity(0)
+        logger.info(
+            "Feather pruner attached to %d tensors (%s weights), target sparsity %.4g, theta %.3g",
+            len(targets),
+            f"{self.num_params:,}",
+            self.sparsity,
+            self.theta,
+        )
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_params(self) -> int:
+        """Number of prunable weights ``N``."""
+        return sum(t.numel for t in self.targets)
+
+    @property
+    def current_step(self) -> int:
+        """Number of :meth:`step` calls so far."""
+        return self._step
+
+    def scheduled_sparsity(self, step: int | None = None) -> float:
+        """The sparsity the schedule requests at ``step`` (default: the current step)."""
+        step = self._step if step is None else step
+        if isinstance(self.schedule, Schedule):
+            s = self.schedule(step, self.total_steps, self.sparsity)
+        else:
+            s = float(self.schedule(step))
+        if not 0.0 <= s <= 1.0:
+            raise ValueError(
+                f"the schedule returned sparsity {s} at step {step}; it must be in [0, 1]"
+            )
+        return s
+
+    def _parametrization(self, target: PruneTarget) -> FeatherParametrization:
+        parametrizations: Any = target.module.parametrizations
+        plist: Any = parametrizations["weight"]
+        p: FeatherParametrization = plist[0]
+        return p
+
+    def thresholds(self) -> list[Tensor]:
+        """The current 0-d threshold of each prunable tensor (the live buffers)."""
+        self._check_attached()
+        return [self._parametrization(t).threshold for t in self.targets]
+
+    def weights(self) -> list[Tensor]:
+        """The stored dense weights (what the optimizer updates)."""
+        return [t.weight for t in self.targets]
+
+    def _layer_zeros(self) -> list[int]:
+        counts = [
+            torch.count_nonzero(w.detach().abs() <= th)
+            for w, th in zip(self.weights(), self.thresholds())
+        ]
+        return [int(c) for c in torch.stack(counts).tolist()]
+
+    def sparsity_achieved(self) -> float:
+        """The fraction of prunable weights the forward currently zeroes."""
+        return sum(self._layer_zeros()) / self.num_params
+
+    def report(self) -> PrunerReport:
+        """Per-layer name, shape, params, threshold and sparsity; flags collapsed layers."""
+        zeros = self._layer_zeros()
+        rows = []
+        for t, th, z in zip(self.targets, self.thresholds(), zeros):
+            rows.append(
+                LayerReport(
+                    name=t.name,
+                    shape=t.shape,
+                    params=t.numel,
+                    threshold=float(th),
+                    sparsity=z / t.numel,
+                    collapsed=z == t.numel,
+                )
+            )
+        report = PrunerReport(
+            step=self._step,
+            target_sparsity=self.sparsity,
+            scheduled_sparsity=self._current,
+            sparsity=sum(zeros) / self.num_params,
+            params=self.num_params,
+            layers=tuple(rows),
+        )
+        self._warn_collapsed(report.collapsed)
+        return report
+
+    def _warn_collapsed(self, names: Iterable[str]) -> None:
+        new = [n for n in names if n not in self._warned_collapse]
+        if new:
+            self._warned_collapse.update(new)
+            logger.warning(
+                "layer collapse: %s pruned to 100 %% (every weight below the global threshold); "
+                "such a layer passes no signal. Consider max_layer_sparsity=0.99, gradient "
+                "clipping, or excluding the layer.",
+                ", ".join(new),
+            )
+
+    # ------------------------------------------------------------------ updates
+    def _compute_thresholds(self, sparsity: float) -> list[Tensor]:
+        weights = [w.detach() for w in self.weights()]
+        maxima = None
+        if self.check_finite:
+            maxima = torch.stack([w.abs().amax().float() for w in weights])
+            if not bool(torch.isfinite(maxima).all()):
+                bad = [
+                    t.name for t, m in zip(self.targets, maxima.tolist()) if not math.isfinite(m)
+                ]
+                raise RuntimeError(
+                    f"non-finite weights (NaN or inf) in layer(s) {', '.join(bad)} at step "
+                    f"{self._step}: training diverged; lower the learning rate or clip gradients"
+                )
+        thresholds = self.backbone.thresholds(weights, sparsity)
+        if len(thresholds) != len(weights):
+            raise RuntimeError(
+                f"backbone {self.backbone.name!r} returned {len(thresholds)} thresholds for "
+                f"{len(weights)} tensors"
+            )
+        if self.max_layer_sparsity is not None:
+            caps = layer_thresholds_at_most(weights, self.max_layer_sparsity)
+            thresholds = [torch.minimum(t, c.to(t)) for t, c in zip(thresholds, caps)]
+        if maxima is not None and sparsity > 0:
+            # Collapse check for free: a layer is fully pruned when T_l >= max |w_l|.
+            ts = torch.stack([t.detach().float().reshape(()).to(maxima.device) for t in thresholds])
+            if bool((ts >= maxima).any()):
+                flags = (ts >= maxima).tolist()
+                self._warn_collapsed(t.name for t, f in zip(self.targets, flags) if f)
+        return thresholds
+
+    @torch.no_grad()
+    def _write_thresholds(self, thresholds: Sequence[Tensor]) -> None:
+        for buf, value in zip(self.thresholds(), thresholds):
+            buf.copy_(value)  # same device as the weight: no host round trip
+
+    def step(self) -> None:
+        """Advance one training step; call after ``optimizer.step()``.
+
+        Recomputes the thresholds for the next forward from the current
+        weights at the schedule's sparsity (every ``update_every`` steps).
+
+        Raises:
+            RuntimeError: if a weight is NaN or inf (naming the layer), or the
+                Pruner was finalized or removed.
+        """
+        self._check_attached()
+        self._step += 1
+        if self._step % self.update_every == 0:
+            self.update()
+
+    def update(self, sparsity: float | None = None) -> None:
+        """Recompute the thresholds now, at ``sparsity`` (default: the schedule's)."""
+        self._check_attached()
+        s = self.scheduled_sparsity() if sparsity is None else float(sparsity)
+        self._write_thresholds(self._compute_thresholds(s))
+        self._current = s
+
+    # --------------------------------------------------------- extra training terms
+    def parameters(self) -> list[nn.Parameter]:
+        """Trainable parameters of the backbone (e.g. ASL+'s per-layer thresholds); may be empty."""
+        return self.backbone.parameters()
+
+    def regularizer(self) -> Tensor:
+        """The backbone's extra loss term (0 for the global backbone); add it to the task loss."""
+        reg = self.backbone.regularizer()
+        if reg is None:
+            return torch.zeros((), device=self.targets[0].weight.device)
+        return reg
+
+    # ------------------------------------------------------------------ ending
+    @torch.no_grad()
+    def finalize(self, sparsity: float | None = None) -> float:
+        """Bake ``P_T(w)`` into the weights and detach; returns the achieved sparsity.
+
+        The thresholds are recomputed from the final weights at the target
+        sparsity (or ``sparsity``), the thresholded weights — shrunk values,
+        not merely masked ones — are written into the same ``Parameter``
+        objects, and the parametrizations are removed, leaving a plain model
+        with exact zeros.
+
+        Raises:
+            RuntimeError: if the Pruner was already finalized or removed.
+        """
+        self._check_attached()
+        target = self.sparsity if sparsity is None else float(sparsity)
+        self.update(target)
+        for t in self.targets:
+            parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=True)
+        self._finished = True
+        zeros = sum(int(torch.count_nonzero(t.weight == 0)) for t in self.targets)
+        achieved = zeros / self.num_params
+        expected = round(target * self.num_params)
+        if self.max_layer_sparsity is None and zeros < expected:
+            raise RuntimeError(
+                f"finalize left {zeros} zeros, fewer than the {expected} requested: "
+                "please report this bug"
+            )
+        if self.max_layer_sparsity is None and zeros > expected + 1:
+            logger.warning(
+                "finalize: %d zeros where %d were requested (%+d): weights tied at the threshold "
+                "magnitude or exact zeros are all pruned",
+                zeros,
+                expected,
+                zeros - expected,
+            )
+        logger.info("finalized at sparsity %.6f (target %.6f)", achieved, target)
+        return achieved
+
+    @torch.no_grad()
+    def remove(self) -> None:
+        """Detach without baking: the model gets its dense weights back."""
+        self._check_attached()
+        for t in self.targets:
+            parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
+        self._finished = True
+
+    def _check_attached(self) -> None:
+        if self._finished:
+            raise RuntimeError(
+                "this Pruner was finalized or removed; create a new one to prune again"
+            )
+
+    # ------------------------------------------------------------------ state
+    @torch.no_grad()
+    def dense_state_dict(self, pruned: bool = False) -> dict[str, Tensor]:
+        """The model's ``state_dict`` with plain keys (``conv.weight``), for the dense model.
+
+        Args:
+            pruned: False gives the stored dense weights (what training
+                continues from); True gives ``P_T(w)``, what the forward uses now.
+        """
+        self._check_attached()
+        remap = {_join(t.name, "parametrizations.weight.original"): t for t in self.targets}
+        out: dict[str, Tensor] = {}
+        for key, value in self.model.state_dict().items():
+            t = remap.get(key)
+            if t is None:
+                out[key] = value
+                continue
+            plain = _join(t.name, "weight")
+            if pruned:
+                p = self._parametrization(t)
+                out[plain] = p.operator(value, p.threshold, p.theta).detach()
+            else:
+                out[plain] = value
+        return out
+
+    def config(self) -> dict[str, Any]:
+        """The constructor's arguments, JSON-able, so a run can be rebuilt exactly."""
+        schedule = (
+            self.schedule.config()
+            if isinstance(self.schedule, Schedule)
+            else {"name": "<callable>"}
+        )
+        return {
+            "sparsity": self.sparsity,
+            "total_steps": self.total_steps,
+            "operator": self.operator.config(),
+            "theta": self._theta_spec,
+            "theta_rule": self.theta_rule,
+            "theta_resolved": self.theta,
+            "backbone": self.backbone.config(),
+            "schedule": schedule,
+            "update_every": self.update_every,
+            "exclude": list(self.exclude),
+            "min_params": self.min_params,
+            "max_layer_sparsity": self.max_layer_sparsity,
+            "targets": [t.name for t in self.targets],
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Step, thresholds, backbone state and config: everything to resume identically."""
+        self._check_attached()
+        return {
+            "format": STATE_FORMAT,
+            "version": __version__,
+            "step": self._step,
+            "current_sparsity": self._current,
+            "thresholds": [t.detach().clone() for t in self.thresholds()],
+            "backbone": self.backbone.state_dict(),
+            "config": self.config(),
+        }
+
+    # Fields that must agree between a saved state and this Pruner.
+    _MUST_MATCH = (
+        "sparsity",
+        "total_steps",
+        "operator",
+        "theta_resolved",
+        "backbone",
+        "schedule",
+        "update_every",
+        "max_layer_sparsity",
+        "targets",
+    )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output; the next step continues identically.
+
+        Raises:
+            ValueError: if the state is not a Pruner state, or was saved with a
+                different configuration (the message names the field).
+        """
+        self._check_attached()
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError("not a feather-sparse Pruner state_dict (missing format marker)")
+        saved, mine = state["config"], self.config()
+        for key in self._MUST_MATCH:
+            if saved.get(key) != mine.get(key):
+                raise ValueError(
+                    f"Pruner state was saved with {key}={saved.get(key)!r}, but this Pruner has "
+                    f"{key}={mine.get(key)!r}; construct the Pruner with the saved settings "
+                    "(Pruner.from_state_dict does this)"
+                )
+        thresholds = state["thresholds"]
+        if len(thresholds) != len(self.targets):
+            raise ValueError(
+                f"state holds {len(thresholds)} thresholds, this Pruner has {len(self.targets)}"
+            )
+        self._write_thresholds(thresholds)
+        self._step = int(state["step"])
+        self._current = float(state["current_sparsity"])
+        self.backbone.load_state_dict(state["backbone"])
+
+    @classmethod
+    def from_state_dict(cls, model: nn.Module, state: dict[str, Any], **overrides: Any) -> Pruner:
+        """Rebuild a Pruner on ``model`` from a saved state (config included), then load it.
+
+        Args:
+            model: the same architecture, with its dense weights loaded.
+            state: what :meth:`state_dict` returned.
+            **overrides: constructor arguments to use instead of the saved ones
+                (needed for a custom callable schedule, which cannot be saved).
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError("not a feather-sparse Pruner state_dict (missing format marker)")
+        cfg = state["config"]
+        op = cfg["operator"]
+        kwargs: dict[str, Any] = {
+            "sparsity": cfg["sparsity"],
+            "total_steps": cfg["total_steps"],
+            "operator": op["name"],
+            "p": op.get("p"),
+            "theta": cfg["theta"],
+            "theta_rule": cfg["theta_rule"],
+            "backbone": cfg["backbone"],
+            "schedule": cfg["schedule"],
+            "update_every": cfg["update_every"],
+            "include": cfg["targets"],
+            "max_layer_sparsity": cfg["max_layer_sparsity"],
+        }
+        if cfg["schedule"].get("name") == "<callable>" and "schedule" not in overrides:
+            raise ValueError("this Pruner used a custom schedule callable: pass schedule=... again")
+        kwargs.update(overrides)
+        pruner = cls(model, **kwargs)
+        pruner.load_state_dict(state)
+        return pruner
+
+    def __repr__(self) -> str:
+        return (
+            f"Pruner(sparsity={self.sparsity}, step={self._step}/{self.total_steps}, "
+            f"operator={self.operator!r}, theta={self.theta}, backbone={self.backbone.name!r}, "
+            f"tensors={len(self.targets)}, params={self.num_params:,})"
+        )
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _names(include: Sequence[type[nn.Module] | str]) -> list[str]:
+    return [i.__name__ if isinstance(i, type) else i for i in include]
