@@ -15,6 +15,7 @@ from feather_sparse.export import (
     save_sparse,
     to_sparse_inference,
 )
+from feather_sparse.models import ModelInfo, create_model, list_models, model_info, register_model
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, threshold
 from feather_sparse.pruner import DEFAULT_INCLUDE, LayerReport, Pruner, PrunerReport, auto_theta
 from feather_sparse.registry import Registry
@@ -38,6 +39,7 @@ __all__ = [
     "GlobalBackbone",
     "LayerReport",
     "LinearSchedule",
+    "ModelInfo",
     "Operator",
     "Pruner",
     "PrunerReport",
@@ -46,10 +48,14 @@ __all__ = [
     "ThresholdOperator",
     "__version__",
     "auto_theta",
+    "create_model",
     "export_onnx",
     "inspect_sparse",
     "kth_magnitude",
+    "list_models",
     "load_sparse",
+    "model_info",
+    "register_model",
     "save_sparse",
     "select_threshold",
     "threshold",
