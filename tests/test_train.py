@@ -103,6 +103,11 @@ def test_overrides_are_converted_like_recipe_values() -> None:
     assert load_config("mnist1d", model_kwargs="{channels = 8}").model_kwargs == {"channels": 8}
     # A config survives the round trip through the checkpoint's dict.
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    # ... also when the record names the model by its spec {name, kwargs}.
+    spec = {"name": "resnet20", "kwargs": {"num_classes": 100, "width": 2}}
+    assert TrainConfig.from_dict(cfg.to_dict(spec)) == cfg
+    rebuilt = TrainConfig.from_dict({"model": spec})
+    assert rebuilt.model == "resnet20" and rebuilt.model_kwargs == {"width": 2}
 
 
 @pytest.mark.parametrize(
@@ -170,6 +175,7 @@ def test_cli_smoke_writes_the_run_folder(
 
     info = json.loads((run / "config.json").read_text())
     assert info["model"]["name"] == "mnist1d_cnn" and info["model"]["kwargs"]["num_classes"] == 10
+    assert info["config"]["model"] == info["model"]  # the record alone rebuilds the model
     assert info["config"]["sparsity"] == 0.8 and info["config"]["epochs"] == 3
     assert "epoch 3/3" in (run / "train.log").read_text()
     rows = read_metrics(run)
@@ -177,6 +183,7 @@ def test_cli_smoke_writes_the_run_folder(
     assert rows[-1]["sparsity"] == pytest.approx(0.8, abs=1e-3)
     ckpt = load_checkpoint(run)
     assert ckpt["format"] == CHECKPOINT_FORMAT and ckpt["epoch"] == 3 and ckpt["step"] == 24
+    assert ckpt["config"]["model"] == info["model"]
     assert set(ckpt) >= {"version", "config", "model", "pruner", "optimizer", "lr_scheduler", "rng"}
     assert "| **total** |" in (run / "report.md").read_text()
     assert model_file(run).stat().st_size > 0
@@ -329,3 +336,20 @@ def test_resume_restores_every_rng(tmp_path: Path) -> None:
     a, b = load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b")
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
+
+
+def test_saved_model_and_export_of_the_run_agree(tmp_path: Path) -> None:
+    """``model.fsp`` holds the finalized model, and ``feather-sparse export RUN_DIR``
+    rebuilds the same weights from the last checkpoint."""
+    export = pytest.importorskip("feather_sparse.export")
+    pytest.importorskip("safetensors")
+    run = tmp_path / "run"
+    result = train(small_config(), run, progress=False)
+    assert result.model_path == run / "model.fsp"
+    expected = result.model.state_dict()
+    saved = export.load_sparse(result.model_path).state_dict()
+    assert all(torch.equal(expected[k], saved[k]) for k in expected)
+    out = tmp_path / "exported.fsp"
+    assert cli.main(["export", str(run), "-o", str(out)]) == 0
+    exported = export.load_sparse(out).state_dict()
+    assert all(torch.equal(expected[k], exported[k]) for k in expected)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import math
@@ -426,6 +427,12 @@ def default_run_dir(config: TrainConfig, root: str | os.PathLike[str] = DEFAULT_
     return candidate
 
 
+def _jsonable(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` through a JSON round trip (odd values become strings)."""
+    out: dict[str, Any] = json.loads(json.dumps(payload, default=str))
+    return out
+
+
 def _write_json(path: Path, payload: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
@@ -639,24 +646,40 @@ def _trim_metrics(path: Path, epochs_done: int) -> list[dict[str, Any]]:
     return kept
 
 
-def _save_model(model: nn.Module, spec: dict[str, Any], run_dir: Path) -> Path:
-    """``model.fsp`` through ``feather_sparse.export`` when present, else ``model.pt``."""
+def _export_unavailable() -> str | None:
+    """Why the compressed ``model.fsp`` cannot be written here, or None if it can."""
     try:
-        from feather_sparse.export import save_sparse
+        import feather_sparse.export  # noqa: F401
     except ImportError as err:
-        logger.warning(
-            "feather_sparse.export is not available (%s): saving the plain state_dict as "
-            "model.pt instead of the compressed model.fsp",
-            err,
-        )
-        path = run_dir / "model.pt"
-        torch.save(
-            {"format": "feather-sparse-model", "model": spec, "state_dict": model.state_dict()},
-            path,
-        )
-        return path
-    path = run_dir / "model.fsp"
-    save_sparse(model, path)
+        return f"feather_sparse.export does not import ({err})"
+    if importlib.util.find_spec("safetensors") is None:
+        return "safetensors is not installed (pip install 'feather-sparse[export]')"
+    return None
+
+
+def _save_model(
+    model: nn.Module, spec: dict[str, Any], run_dir: Path, metadata: dict[str, Any]
+) -> Path:
+    """``model.fsp`` (compressed, ``feather_sparse.export``), else a plain ``model.pt``.
+
+    A missing optional dependency at the end of a long run must not lose the
+    model: it is saved uncompressed instead, with a warning.
+    """
+    reason = _export_unavailable()
+    if reason is None:
+        from feather_sparse.export import save_sparse
+
+        path = run_dir / "model.fsp"
+        try:
+            save_sparse(model, path, metadata=metadata)
+            return path
+        except (ImportError, ValueError, RuntimeError) as err:
+            reason = f"save_sparse failed ({err})"
+    logger.warning("%s: saving the plain state_dict as model.pt instead of model.fsp", reason)
+    path = run_dir / "model.pt"
+    torch.save(
+        {"format": "feather-sparse-model", "model": spec, "state_dict": model.state_dict()}, path
+    )
     return path
 
 
@@ -790,7 +813,7 @@ def _write_run_info(s: _Session) -> None:
             "format": RUN_FORMAT,
             "version": __version__,
             "torch": torch.__version__,
-            "config": s.config.to_dict(),
+            "config": s.config.to_dict(s.spec),
             "model": s.spec,
             "data": {
                 "name": bundle.name,
@@ -862,8 +885,8 @@ def _checkpoint_state(s: _Session, metrics: dict[str, Any]) -> dict[str, Any]:
         "version": __version__,
         "epoch": s.epoch,
         "step": s.step,
-        "config": s.config.to_dict(),
-        "model_spec": s.spec,
+        # The model entry is the spec {"name", "kwargs"}: enough to rebuild it.
+        "config": s.config.to_dict(s.spec),
         # Plain keys, loadable into the freshly created dense model.
         "model": pruner.dense_state_dict() if pruner is not None else s.model.state_dict(),
         "pruner": pruner.state_dict() if pruner is not None else None,
@@ -927,7 +950,15 @@ def _finish(s: _Session, writer: Any, started: float) -> TrainResult:
             f"- epochs: {s.epoch}, steps: {s.step}\n\n"
             f"{table}\n"
         )
-        model_path = _save_model(s.model, s.spec, s.run_dir)
+        metadata = {
+            "source": "feather-sparse train",
+            "epoch": s.epoch,
+            "step": s.step,
+            "test_accuracy": test_acc,
+            "sparsity": sparsity,
+            "config": config.to_dict(s.spec),
+        }
+        model_path = _save_model(s.model, s.spec, s.run_dir, _jsonable(metadata))
         if writer is not None:
             writer.add_scalar("final/test_acc", test_acc, s.epoch)
             writer.add_scalar("final/sparsity", sparsity, s.epoch)
@@ -978,6 +1009,9 @@ def _train(
     )
     if ctx.is_main:
         _write_run_info(s)
+        reason = _export_unavailable()
+        if reason is not None:
+            logger.warning("%s: the model will be saved as model.pt, not model.fsp", reason)
     n_params = sum(p.numel() for p in s.model.parameters())
     logger.info(
         "%s: %s (%s params) on %s (%d train / %d test), %d epochs × %d steps, %s, device %s",

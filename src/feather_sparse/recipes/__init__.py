@@ -204,21 +204,44 @@ class TrainConfig:
                 )
 
     # ------------------------------------------------------------- conversions
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON/TOML-able dict (tuples become lists); ``from_dict`` inverts it."""
+    def to_dict(self, model_spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A JSON/TOML-able dict (tuples become lists); ``from_dict`` inverts it.
+
+        Args:
+            model_spec: the built model's ``{"name", "kwargs"}`` (its
+                ``feather_model_spec``); when given, it replaces the ``model``
+                name, so that the record alone rebuilds the architecture.
+        """
         out = dataclasses.asdict(self)
         out["exclude"] = list(self.exclude)
+        if model_spec is not None:
+            out["model"] = {"name": model_spec["name"], "kwargs": dict(model_spec["kwargs"])}
         return out
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
         """Build a config from a mapping of field values.
 
+        ``model`` may also be a table ``{name, kwargs}``, as run records
+        (``config.json``, checkpoints) write it with the model's resolved
+        arguments: its name is used, and its kwargs (without ``num_classes``,
+        which comes from the data set) when ``model_kwargs`` is not given.
+
         Raises:
             ValueError: for an unknown key (with suggestions) or a bad value.
         """
         _check_keys(values)
-        return cls(**dict(values))
+        values = dict(values)
+        model = values.get("model")
+        if isinstance(model, Mapping):
+            if not isinstance(model.get("name"), str):
+                raise ValueError(f"model must be a name or a table {{name, kwargs}}, got {model!r}")
+            values["model"] = model["name"]
+            if "model_kwargs" not in values:
+                kwargs = dict(model.get("kwargs") or {})
+                kwargs.pop("num_classes", None)
+                values["model_kwargs"] = kwargs
+        return cls(**values)
 
     def replace(self, **overrides: Any) -> TrainConfig:
         """A copy with ``overrides`` applied (checked like any other value)."""
