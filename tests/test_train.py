@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +217,10 @@ def test_cli_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "momentum" in capsys.readouterr().err
     assert cli.main(["train", "--model", "resnet2000"]) == 1
     assert "resnet2000" in capsys.readouterr().err
+    assert cli.main(["train", "--method", "no-such-method"]) == 1
+    assert "method" in capsys.readouterr().err
+    assert cli.main(["train", "--dataset", "no-such-data"]) == 1
+    assert "dataset" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------- resume
@@ -353,3 +359,30 @@ def test_saved_model_and_export_of_the_run_agree(tmp_path: Path) -> None:
     assert cli.main(["export", str(run), "-o", str(out)]) == 0
     exported = export.load_sparse(out).state_dict()
     assert all(torch.equal(expected[k], exported[k]) for k in expected)
+
+
+def test_tensorboard_gets_the_epoch_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With tensorboard installed (a stand-in here), every epoch's numbers are logged."""
+    logged: list[tuple[str, float, int]] = []
+
+    class FakeWriter:
+        def __init__(self, log_dir: str) -> None:
+            assert Path(log_dir) == tmp_path / "run" / "tensorboard"
+
+        def add_scalar(self, tag: str, value: float, step: int) -> None:
+            logged.append((tag, value, step))
+
+        def flush(self) -> None: ...
+
+        def close(self) -> None: ...
+
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = FakeWriter  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    train(small_config(tensorboard=True), tmp_path / "run", progress=False)
+    assert {step for tag, _, step in logged if tag == "test_acc"} == {1, 2, 3}
+    assert {"train_loss", "sparsity", "threshold", "lr", "final/test_acc"} <= {
+        t for t, _, _ in logged
+    }

@@ -72,12 +72,11 @@ from feather_sparse.recipes import (
     load_config,
     parse_override,
 )
-from feather_sparse.registry import Registry
 
 __all__ = [
     "CHECKPOINT_FORMAT",
-    "METHODS",
     "RESUME_FREE_FIELDS",
+    "SUPPORTED_METHODS",
     "DistContext",
     "EpochCallback",
     "TrainResult",
@@ -158,16 +157,33 @@ def _all_reduce_sum(tensor: Tensor, ctx: DistContext) -> Tensor:
 
 
 # ====================================================================== methods
-#: ``builder(config, model, total_steps) -> pruner``: one entry per sparsification
-#: method. A pruner has the ``Pruner`` interface (``step``, ``report``,
-#: ``finalize``, ``state_dict``, ...). Baselines register here.
-MethodBuilder = Callable[[TrainConfig, nn.Module, int], Any]
-METHODS: Registry[MethodBuilder] = Registry("method")
+#: The sparsification methods ``build_pruner`` knows (``config.method``).
+SUPPORTED_METHODS = ("feather",)
 
 
-@METHODS.register("feather")
-def _build_feather(config: TrainConfig, model: nn.Module, total_steps: int) -> Pruner:
-    """The paper's method: the Feather Pruner with the config's options."""
+def _check_method(config: TrainConfig) -> None:
+    if not config.dense and config.method not in SUPPORTED_METHODS:
+        raise ValueError(
+            f"method: unknown method {config.method!r}; choose one of: "
+            f"{', '.join(SUPPORTED_METHODS)}"
+        )
+
+
+def build_pruner(config: TrainConfig, model: nn.Module, total_steps: int) -> Any | None:
+    """The sparsifier a config asks for, attached to ``model``; ``None`` when dense.
+
+    The one place that turns a config into a pruner (the baselines plug in
+    here). For ``feather``, the paper's method, the config's sparsity options
+    map one to one onto the :class:`~feather_sparse.pruner.Pruner`'s
+    arguments. What is returned has the ``Pruner`` interface: ``step``,
+    ``report``, ``finalize``, ``state_dict``, ``dense_state_dict``, ...
+
+    Raises:
+        ValueError: for an unknown method (naming the field and the choices).
+    """
+    if config.dense:
+        return None
+    _check_method(config)
     return Pruner(
         model,
         sparsity=config.sparsity,
@@ -186,25 +202,6 @@ def _build_feather(config: TrainConfig, model: nn.Module, total_steps: int) -> P
         exclude=config.exclude,
         max_layer_sparsity=config.max_layer_sparsity,
     )
-
-
-def build_pruner(config: TrainConfig, model: nn.Module, total_steps: int) -> Any | None:
-    """The sparsifier a config asks for, attached to ``model``; ``None`` when dense.
-
-    The one place that turns a config into a pruner: new methods register a
-    builder in ``METHODS``.
-
-    Raises:
-        ValueError: for an unknown method (naming the field and the choices).
-    """
-    if config.dense:
-        return None
-    if config.method not in METHODS:
-        raise ValueError(
-            f"method: unknown method {config.method!r}; choose one of: {', '.join(METHODS.names())}"
-        )
-    builder: MethodBuilder = METHODS.get(config.method)
-    return builder(config, model, total_steps)
 
 
 # ================================================================= optimisation
@@ -725,7 +722,7 @@ def _setup(
     load_dataset: Callable[..., Any],
     create_model: Callable[..., nn.Module],
 ) -> _Session:
-    """Seed, load the data, build model, pruner, optimizer and LR schedule; restore a checkpoint."""
+    """Seed, load the data, build model, pruner, optimizer, LR schedule; restore a checkpoint."""
     _seed_everything(config.seed)
     if config.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -1139,10 +1136,7 @@ def train(
             f"dataset: unknown dataset {config.dataset!r}; choose one of: "
             f"{', '.join(DATASETS.names())}"
         )
-    if not config.dense and config.method not in METHODS:
-        raise ValueError(
-            f"method: unknown method {config.method!r}; choose one of: {', '.join(METHODS.names())}"
-        )
+    _check_method(config)
     if stop_after_epoch is not None and stop_after_epoch < 1:
         raise ValueError(f"stop_after_epoch must be >= 1, got {stop_after_epoch}")
     device = resolve_device(config.device)
