@@ -105,7 +105,7 @@ RUN_FORMAT = "feather-sparse-run"
 
 #: Config fields a resumed run may change: they move the run, not its numbers.
 RESUME_FREE_FIELDS = frozenset(
-    {"device", "data_dir", "num_workers", "eval_batch_size", "tensorboard", "recipe"}
+    {"device", "threads", "data_dir", "num_workers", "eval_batch_size", "tensorboard", "recipe"}
 )
 
 #: Where runs go when no run folder is given: ``runs/<recipe>-<method>-s<S>-<time>``.
