@@ -127,6 +127,7 @@ def test_overrides_are_converted_like_recipe_values() -> None:
         ({"backbone": "nope"}, "backbone"),
         ({"schedule_end": 1.5}, "schedule_end"),
         ({"amp": "maybe"}, "amp"),
+        ({"nesterov": True, "momentum": 0}, "nesterov"),
         ({"device": "tpu"}, "device"),
         ({"model_kwargs": "[1, 2]"}, "model_kwargs"),
     ],
@@ -299,6 +300,7 @@ def test_interrupted_checkpoint_write_keeps_the_previous_one(
 def test_save_checkpoint_is_atomic_and_load_rejects_garbage(tmp_path: Path) -> None:
     path = tmp_path / "ckpt" / "last.pt"
     save_checkpoint({"format": CHECKPOINT_FORMAT, "epoch": 1}, path)
+    (path.parent / ".last.pt.killed.tmp").write_bytes(b"half a checkpoint")  # a killed writer
     save_checkpoint({"format": CHECKPOINT_FORMAT, "epoch": 2}, path)
     assert load_checkpoint(path)["epoch"] == 2
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]

@@ -361,8 +361,9 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) -> None
 
     The bytes go to a temporary file in the same folder, are flushed to disk,
     and the file is renamed over ``path`` (``os.replace`` is atomic on one file
-    system): until the rename, the previous checkpoint stays in place; a crash
-    mid-write leaves it untouched and only a stray ``.tmp`` file behind.
+    system): until the rename, the previous checkpoint stays in place, so a
+    crash mid-write leaves it untouched. The temporary file is removed on an
+    exception; one left by a killed process is removed by the next save.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -377,6 +378,8 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) -> None
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a killed process
+        stale.unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # persist the rename itself (POSIX; best effort)
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -510,7 +513,9 @@ def evaluate(
 def _threshold_value(pruner: Any) -> float:
     """One number for the bar: the global threshold (the mean over layers otherwise)."""
     thresholds = pruner.thresholds()
-    return float(torch.stack([t.detach().double().reshape(()).cpu() for t in thresholds]).mean())
+    device = thresholds[0].device
+    values = [t.detach().double().reshape(()).to(device) for t in thresholds]
+    return float(torch.stack(values).mean())  # one host sync
 
 
 def _dense_table(model: nn.Module) -> str:

@@ -155,6 +155,8 @@ class TrainConfig:
         _choice(self, "theta_rule", ("paper", "released"))
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.nesterov and self.momentum == 0:
+            raise ValueError("nesterov needs momentum > 0, got momentum 0")
         if self.warmup_epochs > self.epochs:
             raise ValueError(
                 f"warmup_epochs ({self.warmup_epochs}) must not exceed epochs ({self.epochs})"
