@@ -370,6 +370,33 @@ class GlobalFlopsBackbone(Backbone):
         return out
 
 
+class _ThresholdSurrogate(torch.autograd.Function):
+    """Identity on the thresholded weight ``ŵ``; gives the threshold ASL's surrogate gradient.
+
+    ``∂L/∂T = −Σ_{|w| <= T} g·w / T`` with ``g = ∂L/∂ŵ`` (0 while ``T = 0``);
+    ``ŵ``'s own gradient passes through unchanged, so the operator's
+    straight-through backward for the weights is untouched.
+    """
+
+    @staticmethod
+    def forward(out: Tensor, weight: Tensor, t: Tensor) -> Tensor:
+        return out.view_as(out)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        _, weight, t = inputs
+        ctx.save_for_backward(weight, t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, Tensor]:
+        weight, t = ctx.saved_tensors
+        dtype = torch.promote_types(torch.promote_types(weight.dtype, t.dtype), torch.float32)
+        t_c = t.detach().to(dtype)
+        pruned_sum = (grad.to(dtype) * weight.to(dtype)).masked_fill_(weight.abs() > t_c, 0.0).sum()
+        grad_t = torch.where(t_c > 0, -pruned_sum / t_c.clamp_min(torch.finfo(dtype).tiny), 0.0)
+        return grad, None, grad_t.to(t.dtype)
+
+
 class ASLPlusBackbone(Backbone):
     """ASL+: per-layer thresholds learned through a Gaussian sparsity loss, made exact.
 
@@ -380,9 +407,12 @@ class ASLPlusBackbone(Backbone):
 
         λ · (D − (1 − s(t)))²,   D = Σ N_l (1 − erf(r_l/√2)) / Σ N_l
 
-    and the task loss reaches ``r_l`` through the pruned weights
-    (``∂L/∂r_l = σ_l · Σ_{pruned} g_i · (−w_i / T_l)``, the surrogate of
-    :mod:`feather_sparse.ops`). ASL+ (the paper, §3) adds the sparsity
+    and the task loss reaches ``r_l`` through the pruned weights,
+    ``∂L/∂r_l = σ_l · Σ_{pruned} g_i · (−w_i / T_l)`` (ASL's surrogate:
+    raising the threshold is taken to shrink each pruned weight toward zero
+    in proportion to its value, :class:`_ThresholdSurrogate`; the kept weights
+    contribute nothing, which avoids the singular derivative of ``P_T`` near
+    ``|w| = T``, and it works with any operator). ASL+ (the paper, §3) adds the sparsity
     schedule — the loss's target is the schedule's ``s(t)``, not the final
     ``S`` — and a sorting-based correction so that the achieved sparsity is
     exactly what is asked.
@@ -488,12 +518,14 @@ class ASLPlusBackbone(Backbone):
     def forward_weight(
         self, index: int, weight: Tensor, threshold: Tensor, operator: Operator, theta: float
     ) -> Tensor:
+        out = operator(weight, threshold, theta)
         r = self.r[index].clamp(0.0, self.r_max)
         if not r.requires_grad:  # no_grad (evaluation): the plain forward
-            return operator(weight, threshold, theta)
+            return out
         # Value: the exact T_l. Gradient: as if T_l were b_l = clamp(r_l)·σ_l.
         t = threshold + self._sigma[index].to(threshold) * (r - r.detach()).to(threshold)
-        return operator(weight, t, theta)
+        tied: Tensor = _ThresholdSurrogate.apply(out, weight, t)
+        return tied
 
     def parameters(self) -> list[nn.Parameter]:
         return list(self.r)

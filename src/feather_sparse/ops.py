@@ -22,20 +22,10 @@ any float for large ``p``; writing ``|w|^p − T^p = |w|^p (1 − (T/|w|)^p)`` g
     P_T(w) = w · (1 − (T/|w|)^p)^(1/p)
 
 where ``T/|w| ∈ [0, 1)`` on the kept weights, so every intermediate lies in
-``[0, 1]`` for any ``p`` (``(T/|w|)^inf = 0`` makes ``p = inf`` exactly the
-identity on kept weights). ``p = 1`` and ``p = inf`` take exact special paths
-so that they equal soft and hard thresholding bit for bit.
-
-Trainable thresholds. The threshold normally receives no gradient. When it
-requires one (the ASL+ backbone's per-layer thresholds), it gets the surrogate
-of ASL (Retsinas, Elafrou, Goumas & Maragos, "Weight Pruning via Adaptive
-Sparsity Loss", 2021)::
-
-    dL/dT = − Σ_{|w| <= T} g · w / T
-
-i.e. raising ``T`` is taken to shrink each pruned weight toward zero in
-proportion to its value (``d ŵ/d T = −w/T``); the kept weights contribute
-nothing, so the singular derivative of ``P_T`` near ``|w| = T`` is avoided.
+``[0, 1]`` for any ``p``. The bracket is evaluated as
+``−expm1(p·log1p(−(|w| − T)/|w|))`` to avoid cancellation just above the
+threshold. ``p = 1`` and ``p = inf`` take exact special paths so that they
+equal soft and hard thresholding bit for bit.
 """
 
 from __future__ import annotations
@@ -82,10 +72,14 @@ def _forward(w: Tensor, t: Tensor, p: float) -> Tensor:
     elif p == 1.0:  # soft thresholding: sign(w)·(|w| − T) where |w| > T
         out = torch.where(keep, torch.sign(x).mul_(a.sub_(t)), 0.0)
     else:
-        # r = T/|w| lies in [0, 1) on the kept entries, so 1 − r^p and its
-        # p-th root stay in [0, 1]. Elsewhere r may be >= 1, inf or NaN (0/0);
-        # those entries are discarded by the final `where`.
-        factor = torch.div(t, a, out=a).pow_(p).neg_().add_(1.0).pow_(1.0 / p)
+        # 1 − (T/|w|)^p = −expm1(p·log1p(−(|w| − T)/|w|)). Near the threshold
+        # the naive 1 − r^p cancels catastrophically (an fp32 weight just above
+        # T lost most of its digits); here |w| − T is exact (Sterbenz) and
+        # log1p/expm1 keep full relative precision, so P_T(w) is accurate to a
+        # few ulps everywhere. Entries with |w| <= T may produce NaN or inf in
+        # `factor`; the final `where` discards them.
+        d = (a - t).div_(a)
+        factor = d.neg_().log1p_().mul_(p).expm1_().neg_().pow_(1.0 / p)
         out = torch.where(keep, factor.mul_(x), 0.0)
     return out.to(w.dtype)
 
@@ -95,7 +89,7 @@ class _ThresholdSTE(torch.autograd.Function):
 
     Saves only ``w`` (the caller's own tensor, usually the parameter itself, so
     no extra memory) and the 0-d ``T``; the keep-mask is recomputed in
-    backward, and not at all when ``θ = 1`` and ``T`` needs no gradient.
+    backward, and not at all when ``θ = 1``.
     """
 
     @staticmethod
@@ -106,31 +100,19 @@ class _ThresholdSTE(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         w, t, _, theta = inputs
         ctx.theta = theta
-        ctx.t_grad = ctx.needs_input_grad[1]
-        if theta != 1.0 or ctx.t_grad:
+        if theta != 1.0:
             ctx.save_for_backward(w, t)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
         theta = ctx.theta
-        if theta == 1.0 and not ctx.t_grad:  # plain STE: the identity
+        if theta == 1.0:  # plain STE: the identity
             return grad, None, None, None
         w, t = ctx.saved_tensors
         keep = w.abs() > t
-        grad_t = None
-        if ctx.t_grad:  # ASL's surrogate (module docstring); 0 while nothing is pruned
-            dtype = compute_dtype(torch.promote_types(w.dtype, t.dtype))
-            s = (grad.to(dtype) * w.to(dtype)).masked_fill_(keep, 0.0).sum()
-            t_c = t.to(dtype)
-            grad_t = torch.where(t_c > 0, -s / t_c.clamp_min(torch.finfo(dtype).tiny), 0.0)
-            grad_t = grad_t.to(t.dtype)
-        if theta == 1.0:
-            grad_w = grad
-        elif theta == 0.0:  # non-STE: pruned weights receive no gradient
-            grad_w = torch.where(keep, grad, 0.0)
-        else:
-            grad_w = torch.where(keep, grad, grad * theta)
-        return grad_w, grad_t, None, None
+        if theta == 0.0:  # non-STE: pruned weights receive no gradient
+            return torch.where(keep, grad, 0.0), None, None, None
+        return torch.where(keep, grad, grad * theta), None, None, None
 
 
 def _check_args(t: Tensor | float, p: float, theta: float) -> None:
@@ -150,8 +132,7 @@ def threshold(w: Tensor, t: Tensor | float, p: float = 3.0, theta: float = 1.0) 
             float64), on any device.
         t: the threshold ``T >= 0``; a 0-d tensor (kept on ``w``'s device so
             no host synchronisation happens) or a Python float. It receives no
-            gradient unless it requires one; then it receives ASL's surrogate
-            (see the module docstring).
+            gradient.
         p: the operator's power: 1 soft, 3 Feather (default), ``math.inf`` hard.
         theta: gradient scale for pruned weights (``|w| <= T``): 1 plain STE,
             0 non-STE.
@@ -171,7 +152,7 @@ def threshold(w: Tensor, t: Tensor | float, p: float = 3.0, theta: float = 1.0) 
     _check_args(t, p, theta)
     if not isinstance(t, Tensor):
         t = torch.tensor(float(t), dtype=compute_dtype(w.dtype), device=w.device)
-    out: Tensor = _ThresholdSTE.apply(w, t, float(p), float(theta))
+    out: Tensor = _ThresholdSTE.apply(w, t.detach(), float(p), float(theta))
     return out
 
 

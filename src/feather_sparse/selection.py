@@ -158,13 +158,15 @@ def _split_evenly(lo: float, hi: float, dtype: torch.dtype, device: torch.device
 
 def _window_pass(
     chunks: list[_Chunk], dtype: torch.dtype, lo: float, hi: float
-) -> tuple[int, Tensor | None]:
-    """One pass: ``#{|w| <= lo}`` and the magnitudes in ``(lo, hi]`` (None if over the cap).
+) -> tuple[int, int, Tensor | None]:
+    """One pass: ``#{|w| <= lo}``, ``#{lo < |w| <= hi}`` and those magnitudes.
 
-    Four cheap elementwise kernels per chunk (abs, two compares, a masked
-    select); ``torch.bucketize`` would cost several times more.
+    The magnitudes are None when there are more than ``GATHER_CAP``. A
+    handful of cheap elementwise kernels per chunk (abs, two compares, a
+    count, a masked select); ``torch.bucketize`` would cost several times more.
     """
     at_most_lo = torch.zeros((), dtype=torch.long, device=chunks[0][0].device)
+    in_window = torch.zeros((), dtype=torch.long, device=chunks[0][0].device)
     inside: list[Tensor] | None = []
     size = 0
     for chunk in chunks:
@@ -172,13 +174,18 @@ def _window_pass(
         low = a <= lo
         at_most_lo += torch.count_nonzero(low)
         mask = (a <= hi).logical_and_(low.logical_not_())
-        if inside is not None:
-            sel = a[mask]
-            size += sel.numel()
-            inside.append(sel)
-            if size > GATHER_CAP:  # too many: stop keeping, the caller narrows instead
-                inside = None
-    return int(at_most_lo), (None if inside is None else torch.cat(inside))
+        if inside is None:
+            in_window += torch.count_nonzero(mask)
+            continue
+        sel = a[mask]
+        size += sel.numel()
+        inside.append(sel)
+        if size > GATHER_CAP:  # too many to keep: count the rest, the caller narrows
+            in_window += size
+            inside = None
+    if inside is not None:
+        in_window += size
+    return int(at_most_lo), int(in_window), (None if inside is None else torch.cat(inside))
 
 
 def _bucket_pass(chunks: list[_Chunk], dtype: torch.dtype, bounds: Tensor) -> list[int]:
@@ -235,22 +242,25 @@ def kth_magnitude(
     lo, hi, below, upto = -1.0, math.inf, 0, n
     h = float(hint) if hint is not None else 0.0
     if 0.0 < h < math.inf:
-        w_lo, w_hi = h * (1.0 - hint_width), h * (1.0 + hint_width)
+        # Boundaries are held as values of the working dtype, so that every
+        # comparison in every pass sees exactly the same number.
+        w_lo, w_hi = (
+            float(torch.tensor(h * (1 + f), dtype=dtype)) for f in (-hint_width, hint_width)
+        )
     else:
         w_lo, w_hi = _sample_window(chunks, dtype, k / n)
     while True:
         exact = w_lo <= lo and w_hi >= hi  # the window is the whole interval
-        at_most_lo, inside = _window_pass(chunks, dtype, w_lo, w_hi)
-        count = at_most_lo + (inside.numel() if inside is not None else 0)
-        if inside is not None and at_most_lo < k <= count:
-            return torch.kthvalue(inside, k - at_most_lo).values
-        if exact and inside is not None:  # k beyond every comparable magnitude
+        at_most_lo, in_window, inside = _window_pass(chunks, dtype, w_lo, w_hi)
+        count = at_most_lo + in_window
+        if at_most_lo < k <= count:
+            if inside is not None:
+                return torch.kthvalue(inside, k - at_most_lo).values
+            lo, hi, below, upto = w_lo, w_hi, at_most_lo, count  # too many to keep
+        elif exact:  # k beyond every comparable magnitude
             raise ValueError("the k-th magnitude is NaN: the weights contain NaN")
-        # Narrow the interval to the side of the window that holds the answer.
-        if k <= at_most_lo:
+        elif k <= at_most_lo:  # narrow to the side of the window that holds the answer
             hi, upto = w_lo, at_most_lo
-        elif inside is None:  # inside the window, but it was too big to keep
-            lo, hi, below = w_lo, w_hi, at_most_lo
         else:
             lo, below = w_hi, count
         if upto - below <= GATHER_CAP:  # small enough: take the whole interval next pass
