@@ -224,33 +224,44 @@ def allocate(shares: Sequence[float], sizes: Sequence[int], total: int) -> list[
     real = [0.0] * len(sizes)
     full: set[int] = set()
     left = float(total)
-    weights = list(shares)
+    top = max(shares, default=0.0)
+    # Scaled so the largest is 1: sums and ratios then neither overflow nor underflow.
+    weights = [x / top for x in shares] if top > 0 else [0.0] * len(shares)
     while left > 0:
         open_ = [i for i in range(len(sizes)) if i not in full]
+        if not open_:
+            break
         mass = sum(weights[i] for i in open_)
         if mass <= 0:  # only zero shares remain open: fill them by size
             weights = [float(sizes[i]) if i not in full else 0.0 for i in range(len(sizes))]
             mass = sum(weights[i] for i in open_)
-        scale = left / mass
-        over = [i for i in open_ if scale * weights[i] >= sizes[i]]
+        want = {i: left * (weights[i] / mass) for i in open_}
+        over = [i for i in open_ if want[i] >= sizes[i]]
         if not over:
             for i in open_:
-                real[i] = scale * weights[i]
+                real[i] = want[i]
             break
         for i in over:  # cap them and share out the rest again
             real[i] = float(sizes[i])
             full.add(i)
             left -= sizes[i]
-    counts = [min(sizes[i], math.floor(real[i])) for i in range(len(sizes))]
-    missing = total - sum(counts)
-    # Largest remainder (Hamilton's method); ties go to the earlier tensor.
+    counts = [max(0, min(sizes[i], math.floor(real[i]))) for i in range(len(sizes))]
+    # Largest remainder (Hamilton's method) to reach the total exactly; ties go
+    # to the earlier tensor. (Removing also covers float rounding in the caps.)
     order = sorted(range(len(sizes)), key=lambda i: (-(real[i] - counts[i]), i))
+    missing = total - sum(counts)
     for i in order:
         if missing <= 0:
             break
         if counts[i] < sizes[i]:
             counts[i] += 1
             missing -= 1
+    for i in reversed(order):
+        if missing >= 0:
+            break
+        if counts[i] > 0:
+            counts[i] -= 1
+            missing += 1
     return counts
 
 
@@ -419,21 +430,27 @@ class ASLPlusBackbone(Backbone):
 
     The correction (its form is not published; this is the choice made
     here). At each update the learned ``r_l`` give per-layer sparsities
-    ``erf(clamp(r_l)/√2)``; they are rescaled by one common factor so that
-    the pruned counts sum to exactly ``K = round(s(t)·N)`` (capped at a whole
-    layer, with the excess shared by the others, and rounded by the largest
-    remainder: :func:`allocate`), and each ``T_l`` is set to the exact
-    k_l-th smallest ``|w_l|`` — the sorting step. Why this form: the loss is
-    written in per-layer *sparsities*, so what ASL learns is an allocation of
-    the sparsity budget among layers; the Gaussian assumption errs in the
-    map from ``r_l`` to the fraction actually pruned, not in that
-    allocation. Rescaling in sparsity space keeps the learned allocation
-    (the ratios between layers) and fixes only the total, and the exact
-    per-layer quantile removes the Gaussian error entirely, so the total is
-    exact whatever the weight distribution. Alternatives rejected: scaling
-    the Gaussian thresholds ``b_l`` by one global factor (a ranking of
-    ``|w|/b_l``) keeps threshold ratios instead, which depend on the
-    distribution's tails, and a layer with ``r_l = 0`` could never be pruned.
+    ``s_l = erf(clamp(r_l)/√2)``. If they prune more than ``K = round(s(t)·N)``
+    weights in total, the sparsities are scaled down by one common factor;
+    if fewer, the *densities* ``1 − s_l`` are. Counts are made whole by the
+    largest remainder so that they sum to exactly ``K`` (:func:`allocate`),
+    and each ``T_l`` is set to the exact k_l-th smallest ``|w_l|`` — the
+    sorting step. Why this form: the loss is written in per-layer
+    sparsities, so what ASL learns is an allocation of the sparsity budget
+    among layers; the Gaussian assumption errs in the map from ``r_l`` to
+    the fraction actually pruned, not in that allocation. A common factor
+    keeps the learned allocation (the ratios between layers) and fixes only
+    the total, and the exact per-layer quantile removes the Gaussian error,
+    so the total is exact whatever the weight distribution. Scaling the
+    quantity in excess (sparsity when there is too much, density when too
+    little) keeps every ``s_l`` in ``[0, 1]`` without clipping, is
+    continuous where the two meet (factor 1), and never prunes a layer
+    entirely unless its own ``r_l`` says so; scaling sparsities alone
+    would, when a large layer has ``r_l = 0``, push the small layers to
+    100 %. Also rejected: scaling the Gaussian thresholds ``b_l`` by one
+    global factor (a ranking of ``|w|/b_l``), which keeps threshold ratios
+    instead; they depend on the distribution's tails, and a layer with
+    ``r_l = 0`` could never be pruned.
 
     The forward threshold is the exact ``T_l``; its gradient reaches ``r_l``
     as if it were ``b_l`` (``∂T_l/∂r_l = σ_l``, which is exact for Gaussian
@@ -510,10 +527,19 @@ class ASLPlusBackbone(Backbone):
         self._target = float(sparsity)
         with torch.no_grad():
             self._sigma = [w.float().std(correction=0) for w in weights]
-        implied = self.implied_sparsities()
-        shares = [s * n for s, n in zip(implied, self.sizes)]  # implied pruned counts
-        counts = allocate(shares, self.sizes, round(sparsity * sum(self.sizes)))
+        counts = self.allocation(sparsity)
         return _layer_kth(weights, counts, self._warm)
+
+    def allocation(self, sparsity: float) -> list[int]:
+        """Pruned weights per layer at overall ``sparsity``: the correction (class docstring)."""
+        implied = self.implied_sparsities()
+        total = sum(self.sizes)
+        target = round(sparsity * total)
+        pruned = [s * n for s, n in zip(implied, self.sizes)]  # what the Gaussian model prunes
+        if target <= sum(pruned):  # too many pruned: scale the sparsities down
+            return allocate(pruned, self.sizes, target)
+        kept = [n - p for n, p in zip(self.sizes, pruned)]  # too few: scale the densities down
+        return [n - k for n, k in zip(self.sizes, allocate(kept, self.sizes, total - target))]
 
     def forward_weight(
         self, index: int, weight: Tensor, threshold: Tensor, operator: Operator, theta: float
