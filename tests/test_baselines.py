@@ -92,6 +92,8 @@ def test_method_registry_and_errors() -> None:
         fs.make_pruner(SmallCNN(), "nonste", sparsity=0.5, total_steps=10, theta=0.5)
     with pytest.raises(ValueError, match="fixes backbone='spartan'"):
         fs.make_pruner(SmallCNN(), "spartan", sparsity=0.5, total_steps=10, backbone="global")
+    with pytest.raises(ValueError, match=r"unknown argument\(s\) \['beta'\].*'asl\+'"):
+        fs.make_pruner(SmallCNN(), sparsity=0.5, total_steps=10, backbone="asl+", beta=2.0)
     with pytest.raises(ValueError, match="backbone object"):
         fs.make_pruner(
             SmallCNN(), sparsity=0.5, total_steps=10, backbone=fs.UniformBackbone(), lam=1.0
@@ -112,6 +114,7 @@ def test_methods_configure_the_pruner_as_published() -> None:
     assert (gmp.operator.p, gmp.theta) == (math.inf, 0.0)
     assert gmp.backbone.config() == {"name": "uniform", "keep_first_dense": True}
     assert make("gmp", keep_first_dense=False).backbone.config()["keep_first_dense"] is False
+    assert make("gmp", backbone="uniform").backbone.config()["keep_first_dense"] is True
     st3 = make("st3")
     assert isinstance(st3.operator, fs.ST3Operator) and st3.backbone.name == "global"
     assert make("st3", backbone="global-flops").backbone.name == "global-flops"

@@ -280,8 +280,9 @@ class UniformBackbone(Backbone):
 
     Args:
         keep_first_dense: leave the first convolution (the first prunable
-            conv in ``model.named_modules()`` order, i.e. registration order)
-            dense, as the paper does with GMP (it has very few weights). The
+            conv in ``model.named_modules()`` order, i.e. registration order;
+            the first prunable tensor if there is no conv) dense, as the paper
+            does with GMP (it has very few weights). The
             other tensors then share the whole budget equally, at ratio
             ``s·N / (N − N_first)``, so the overall sparsity is still ``s``
             (Zhu & Gupta prune each layer at ``s``; the paper compares methods

@@ -601,6 +601,13 @@ class Method:
                     "use method='feather' to choose it freely"
                 )
         out: dict[str, Any] = {**self.fixed, **self.defaults, **given}
+        default = self.defaults.get("backbone")
+        if (
+            isinstance(given.get("backbone"), str)
+            and isinstance(default, Mapping)
+            and _same("backbone", given["backbone"], default["name"])
+        ):  # the method's own backbone by name: keep its published options
+            out["backbone"] = dict(default)
         if options:
             backbone = out.get("backbone", "global")
             if isinstance(backbone, Backbone):
@@ -609,6 +616,15 @@ class Method:
                     "to its constructor instead"
                 )
             base = dict(backbone) if isinstance(backbone, Mapping) else {"name": backbone}
+            cls = BACKBONES.get(base["name"])
+            accepted = set(inspect.signature(cls).parameters)
+            unknown = sorted(set(options) - accepted)
+            if unknown:
+                raise ValueError(
+                    f"unknown argument(s) {unknown}: neither Pruner arguments "
+                    f"({', '.join(sorted(allowed))}) nor options of backbone "
+                    f"{base['name']!r} ({', '.join(sorted(accepted)) or 'none'})"
+                )
             out["backbone"] = {**base, **options}
         return out
 
