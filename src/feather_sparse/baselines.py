@@ -6,24 +6,15 @@ from :data:`METHODS` with :func:`make_pruner`::
 
     pruner = fs.make_pruner(model, "st3", sparsity=0.9, total_steps=steps)
 
-==========  ============================================================  ==========================
-name        what it is                                                    source
-==========  ============================================================  ==========================
-feather     ``P_T`` with p = 3, θ automatic, any backbone (the default)   Glentis Georgoulakis et
-                                                                          al., BMVC 2023
-hard        hard thresholding (p = ∞) with the plain STE (θ = 1)          Bengio et al. 2013 (STE);
-                                                                          the paper's §4.1 ablation
-soft        soft thresholding (p = 1) with the plain STE (θ = 1)          Donoho 1995 (soft
-                                                                          thresholding); §4.1
-nonste      Feather's operator with θ = 0: pruned weights get no          the paper, §2.2.2
-            gradient
-gmp         uniform per-layer sparsity, hard mask, zero gradient to       Zhu & Gupta 2017
-            pruned weights, first conv dense
-st3         soft thresholding with per-output-channel rescaling and an    Vanderschueren & De
-            identity backward, global threshold every step                Vleeschouwer, WACV 2023
-spartan     Sinkhorn soft top-k mask, β and density schedules, then a     Tai, Tian & Lim,
-            frozen mask                                                   NeurIPS 2022
-==========  ============================================================  ==========================
+| name | what it is (source) |
+|---|---|
+| `feather` | `P_T`, p = 3, θ automatic, any backbone (Glentis Georgoulakis et al. 2023) |
+| `hard` | p = ∞ with the plain STE, θ = 1 (Bengio et al. 2013; the paper's §4.1) |
+| `soft` | p = 1 with the plain STE, θ = 1 (Donoho 1995; the paper's §4.1) |
+| `nonste` | p = 3, θ = 0: pruned weights get no gradient (the paper's §2.2.2) |
+| `gmp` | uniform, hard mask, θ = 0, first conv dense (Zhu & Gupta 2017) |
+| `st3` | soft threshold, channel rescale, identity backward (Vanderschueren et al. 2023) |
+| `spartan` | Sinkhorn soft top-k, β and density schedules, frozen mask (Tai et al. 2022) |
 
 References:
     Zhu & Gupta, "To prune, or not to prune: exploring the efficacy of pruning
