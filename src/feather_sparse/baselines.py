@@ -17,15 +17,16 @@ from :data:`METHODS` with :func:`make_pruner`::
 | `spartan` | Sinkhorn soft top-k, β and density schedules, frozen mask (Tai et al. 2022) |
 
 References:
-    Zhu & Gupta, "To prune, or not to prune: exploring the efficacy of pruning
-    for model compression", arXiv:1710.01878 (2017).
-    Vanderschueren & De Vleeschouwer, "Are Straight-Through gradients and
-    Soft-Thresholding all you need for Sparse Training?", WACV 2023,
-    arXiv:2212.01076.
-    Tai, Tian & Lim, "Spartan: Differentiable Sparsity via Regularized
-    Transportation", NeurIPS 2022, arXiv:2205.14107.
-    Bengio, Léonard & Courville, "Estimating or Propagating Gradients Through
-    Stochastic Neurons for Conditional Computation", arXiv:1308.3432 (2013).
+
+- Zhu & Gupta, "To prune, or not to prune: exploring the efficacy of
+  pruning for model compression", arXiv:1710.01878 (2017).
+- Vanderschueren & De Vleeschouwer, "Are Straight-Through gradients and
+  Soft-Thresholding all you need for Sparse Training?", WACV 2023,
+  arXiv:2212.01076.
+- Tai, Tian & Lim, "Spartan: Differentiable Sparsity via Regularized
+  Transportation", NeurIPS 2022, arXiv:2205.14107.
+- Bengio, Léonard & Courville, "Estimating or Propagating Gradients Through
+  Stochastic Neurons for Conditional Computation", arXiv:1308.3432 (2013).
 
 Every method uses the library's exact global selection (no sort, no
 concatenation) where the originals take a sorted quantile; with distinct
