@@ -303,6 +303,15 @@ def test_spartan_schedules_freeze_and_gradient_accumulation() -> None:
         assert torch.equal(t.module.weight == 0, m == 0)
 
 
+@pytest.mark.parametrize(("method", "kw"), CASES, ids=IDS)
+def test_model_with_pruner_attached_can_be_deep_copied(method: str, kw: dict[str, Any]) -> None:
+    model = SmallCNN()
+    fs.make_pruner(model, method, sparsity=0.5, total_steps=10, schedule="constant", **kw)
+    clone = copy.deepcopy(model)  # e.g. for an EMA or an evaluation copy
+    x = batch(0)[0]
+    assert torch.allclose(clone(x), model(x))
+
+
 def test_spartan_forward_is_soft_masked_and_hard_projected() -> None:
     torch.manual_seed(0)
     model = SmallCNN()

@@ -290,7 +290,9 @@ class _SoftTopKMask(torch.autograd.Function):
         ctx.beta = beta
         ctx.masks = [m.detach() for m in masks]
         ctx.signs = [torch.sign(w.detach()) for w in weights]
-        return tuple(masks)
+        # New tensor objects (same storage) become the outputs, so the solver's
+        # own masks stay plain tensors without a graph.
+        return tuple(m.detach() for m in masks)
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
@@ -418,6 +420,15 @@ class SpartanBackbone(Backbone):
         self.frozen = False
         self._masks = None
         self._frozen_masks = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The soft masks carry the autograd graph to the weights, which
+        # cannot be copied or pickled: a copy (deepcopy of a model, EMA)
+        # gets them detached.
+        state = self.__dict__.copy()
+        if self._masks is not None:
+            state["_masks"] = [m.detach() for m in self._masks]
+        return state
 
     def freeze_step(self, total_steps: int) -> int:
         """The step at which the mask is updated one last time and frozen."""
