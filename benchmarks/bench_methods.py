@@ -193,10 +193,8 @@ def main() -> None:
         {label: make_work(p) for label, p in pruners.items()}, repeats=args.work_repeats, warmup=2
     )
 
-    print(
-        f"# ResNet-20 (2× width), batch {args.batch}, CPU, sparsity {args.sparsity}; {machine()}\n"
-    )
-    print(f"## whole training step, medians of {args.repeats} interleaved steps\n")
+    print(f"ResNet-20 (2× width), batch {args.batch}, CPU, sparsity {args.sparsity}; {machine()}\n")
+    print(f"**Whole training step**, medians of {args.repeats} interleaved steps:\n")
     print(
         "| variant | step (ms) | × dense | × Feather-Global | extra over Feather-Global (ms) "
         "| pruner.step() (ms) |"
@@ -213,8 +211,8 @@ def main() -> None:
             f"| {(t - base) * 1e3:+.0f} | {update} |"
         )
     print(
-        f"\n## pruning work per step (weights forward + backward + pruner.step()), "
-        f"medians of {args.work_repeats}\n"
+        "\n**Pruning work per step** (weights forward + backward + `pruner.step()`), "
+        f"medians of {args.work_repeats}:\n"
     )
     print("| variant | pruning work (ms) | × Feather-Global | extra over Feather-Global (ms) |")
     print("|---|---:|---:|---:|")
