@@ -25,6 +25,14 @@ from feather_sparse.baselines import (
     sinkhorn_topk,
     soft_topk_mask,
 )
+from feather_sparse.export import (
+    export_onnx,
+    inspect_sparse,
+    load_sparse,
+    save_sparse,
+    to_sparse_inference,
+)
+from feather_sparse.models import ModelInfo, create_model, list_models, model_info, register_model
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, threshold
 from feather_sparse.pruner import DEFAULT_INCLUDE, LayerReport, Pruner, PrunerReport, auto_theta
 from feather_sparse.registry import Registry
@@ -53,6 +61,7 @@ __all__ = [
     "LayerReport",
     "LinearSchedule",
     "Method",
+    "ModelInfo",
     "Operator",
     "Pruner",
     "PrunerReport",
@@ -64,10 +73,19 @@ __all__ = [
     "UniformBackbone",
     "__version__",
     "auto_theta",
+    "create_model",
+    "export_onnx",
+    "inspect_sparse",
     "kth_magnitude",
+    "list_models",
+    "load_sparse",
     "make_pruner",
+    "model_info",
+    "register_model",
+    "save_sparse",
     "select_threshold",
     "sinkhorn_topk",
     "soft_topk_mask",
     "threshold",
+    "to_sparse_inference",
 ]

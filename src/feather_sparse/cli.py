@@ -21,7 +21,10 @@ from collections.abc import Sequence
 from feather_sparse._version import __version__
 
 # command -> (module implementing it, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "export": ("feather_sparse.export", "write a compressed sparse checkpoint (and ONNX) of a run"),
+    "inspect": ("feather_sparse.export", "per-tensor table of a sparse checkpoint"),
+}
 
 
 def _available_commands() -> dict[str, tuple[str, str]]:
