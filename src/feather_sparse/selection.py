@@ -85,10 +85,13 @@ def _chunks(
     return out
 
 
-def _magnitudes(chunk: _Chunk, dtype: torch.dtype) -> Tensor:
-    """``|w|·scale`` of one chunk in ``dtype`` (one new temporary)."""
+def _magnitudes(chunk: _Chunk, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+    """``|w|·scale`` of one chunk in ``dtype``: a new temporary, or written into ``out``."""
     values, scale = chunk
-    a = values.abs() if values.dtype == dtype else values.to(dtype).abs_()
+    if out is not None:
+        a = torch.abs(values, out=out) if values.dtype == dtype else out.copy_(values).abs_()
+    else:
+        a = values.abs() if values.dtype == dtype else values.to(dtype).abs_()
     return a if scale == 1.0 else a.mul_(scale)
 
 
@@ -165,15 +168,23 @@ def _window_pass(
     handful of cheap elementwise kernels per chunk (abs, two compares, a
     count, a masked select); ``torch.bucketize`` would cost several times more.
     """
-    at_most_lo = torch.zeros((), dtype=torch.long, device=chunks[0][0].device)
-    in_window = torch.zeros((), dtype=torch.long, device=chunks[0][0].device)
+    device = chunks[0][0].device
+    at_most_lo = torch.zeros((), dtype=torch.long, device=device)
+    in_window = torch.zeros((), dtype=torch.long, device=device)
     inside: list[Tensor] | None = []
     size = 0
+    # Scratch buffers reused by every chunk: fresh multi-megabyte temporaries
+    # cost page faults on every allocation, more than the kernels themselves.
+    longest = max(c[0].numel() for c in chunks)
+    a_buf = torch.empty(longest, dtype=dtype, device=device)
+    low_buf = torch.empty(longest, dtype=torch.bool, device=device)
+    mask_buf = torch.empty(longest, dtype=torch.bool, device=device)
     for chunk in chunks:
-        a = _magnitudes(chunk, dtype)
-        low = a <= lo
+        n = chunk[0].numel()
+        a = _magnitudes(chunk, dtype, out=a_buf[:n])
+        low = torch.le(a, lo, out=low_buf[:n])
         at_most_lo += torch.count_nonzero(low)
-        mask = (a <= hi).logical_and_(low.logical_not_())
+        mask = torch.le(a, hi, out=mask_buf[:n]).logical_and_(low.logical_not_())
         if inside is None:
             in_window += torch.count_nonzero(mask)
             continue
