@@ -518,7 +518,9 @@ class Pruner:
         weights = [w.detach() for w in self.weights()]
         maxima = None
         if self.check_finite:
-            maxima = torch.stack([w.abs().amax().float() for w in weights])
+            # One read-only pass per tensor (aminmax propagates NaN and inf);
+            # |w|.amax() would also write a full-size temporary.
+            maxima = torch.stack([_max_magnitude(w) for w in weights])
             if not bool(torch.isfinite(maxima).all()):
                 bad = [
                     t.name for t, m in zip(self.targets, maxima.tolist()) if not math.isfinite(m)
@@ -778,6 +780,12 @@ class Pruner:
             f"operator={self.operator!r}, theta={self.theta}, backbone={self.backbone.name!r}, "
             f"tensors={len(self.targets)}, params={self.num_params:,})"
         )
+
+
+def _max_magnitude(w: Tensor) -> Tensor:
+    """``max |w|`` as float32, NaN if ``w`` holds a NaN, without a temporary copy of ``w``."""
+    lo, hi = torch.aminmax(w)
+    return torch.maximum(-lo.float(), hi.float())
 
 
 def _overrides(obj: object, method: str) -> bool:
