@@ -29,15 +29,35 @@ that magnitude, all of them satisfy ``|w| <= T``, so more than ``k`` weights
 are pruned (by the number of extra ties); exact zeros always count as pruned.
 With continuous-valued trained weights ties are rare, and with distinct
 magnitudes exactly ``k`` weights satisfy ``|w| <= T``.
+
+Across processes (``process_group``): when each rank holds only a *shard* of
+the weights (FSDP2 / DTensor, or layers split over ranks by hand), every rank
+passes its own shard and the same group. The search above runs on every rank
+in lock step, with each pass's *counts* all-reduced (SUM) over the group, so
+all ranks narrow the same interval and stop at the same pass; ``N`` and hence
+``k`` are global (an all-reduce of the local sizes). The weights are never
+gathered: the last step all-gathers only a candidate window of at most
+``CANDIDATE_CAP`` magnitudes *in total over all ranks* (it narrows further in
+float-bit space until the window is that small). Every rank returns the same
+value, bit for bit the one a single process gets on the concatenated weights.
+
+When every rank holds the *same, full* weights (DDP, replicated), no group is
+needed: each rank's local selection already gives the identical result, with
+no communication. Passing a group there would be wrong (each weight counted
+once per rank), so pass one only for sharded weights.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["count_at_most", "kth_magnitude", "select_threshold"]
 
@@ -49,6 +69,9 @@ SAMPLE = 1 << 16
 # Most elements kept from a window; a window that would hold more is dropped
 # and the next pass narrows further instead.
 GATHER_CAP = 1 << 22
+# Across processes: most magnitudes all-gathered in the final step, in total
+# over all ranks (256 KiB of float32), so communication never scales with N.
+CANDIDATE_CAP = 1 << 16
 
 
 def _work_dtype(tensors: Sequence[Tensor]) -> torch.dtype:
@@ -86,9 +109,12 @@ def _sample_window(chunks: list[Tensor], dtype: torch.dtype, q: float) -> tuple[
 
     Taken from a strided sample of about ``SAMPLE`` magnitudes (no full copy):
     the sample quantile's standard error is ``sqrt(q(1-q)/m)``, and the window
-    spans four of them on each side.
+    spans four of them on each side. An empty shard gives the empty window
+    ``(inf, -inf]``, which the union over ranks ignores.
     """
     n = sum(c.numel() for c in chunks)
+    if n == 0:
+        return math.inf, -math.inf
     parts = []
     for c in chunks:
         want = max(1, round(SAMPLE * c.numel() / n))
@@ -122,15 +148,76 @@ def _split_evenly(lo: float, hi: float, dtype: torch.dtype, device: torch.device
     return ints.view(dtype).to(device)
 
 
+class _Comm:
+    """The few collectives the search needs; the identity in a single process.
+
+    Every rank calls each method at the same point of the search: the control
+    flow depends only on reduced (hence identical) values, as collectives
+    require.
+    """
+
+    def __init__(self, group: ProcessGroup | None, device: torch.device) -> None:
+        self.group = group
+        self.device = device
+
+    def counts(self, *values: Tensor | int) -> list[int]:
+        """Local counts summed over the group, as Python ints (one host sync)."""
+        if self.group is None:
+            return [int(v) for v in values]
+        import torch.distributed as dist
+
+        t = torch.stack([torch.as_tensor(v, dtype=torch.long, device=self.device) for v in values])
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        out: list[int] = t.tolist()
+        return out
+
+    def sum_(self, counts: Tensor) -> Tensor:
+        """All-reduce (SUM) a count tensor in place."""
+        if self.group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=self.group)
+        return counts
+
+    def union(self, lo: float, hi: float) -> tuple[float, float]:
+        """The smallest window holding every rank's window, so all ranks start alike."""
+        if self.group is None:
+            return lo, hi
+        import torch.distributed as dist
+
+        t = torch.tensor([lo, -hi], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        u_lo, neg_hi = t.tolist()
+        return u_lo, -neg_hi
+
+    def gather(self, inside: Tensor, total: int) -> Tensor:
+        """Every rank's candidates concatenated in rank order (``total`` in all, at most a cap).
+
+        Each rank pads its part to ``total`` with ``+inf``: the pads sort after
+        every candidate (or tie with an infinite one), so the k-th smallest
+        candidate is unchanged, and one fixed-size all-gather suffices.
+        """
+        if self.group is None:
+            return inside
+        import torch.distributed as dist
+
+        padded = torch.full((total,), math.inf, dtype=inside.dtype, device=inside.device)
+        padded[: inside.numel()] = inside
+        parts = [torch.empty_like(padded) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(parts, padded, group=self.group)
+        return torch.cat(parts)
+
+
 def _window_pass(
-    chunks: list[Tensor], dtype: torch.dtype, lo: float, hi: float
-) -> tuple[int, Tensor | None]:
-    """One pass: ``#{|w| <= lo}`` and the magnitudes in ``(lo, hi]`` (None if over the cap).
+    chunks: list[Tensor], dtype: torch.dtype, device: torch.device, lo: float, hi: float, cap: int
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """One pass: ``#{|w| <= lo}``, ``#{lo < |w| <= hi}``, and those (None if over ``cap``).
 
     Four cheap elementwise kernels per chunk (abs, two compares, a masked
     select); ``torch.bucketize`` would cost several times more.
     """
-    at_most_lo = torch.zeros((), dtype=torch.long, device=chunks[0].device)
+    at_most_lo = torch.zeros((), dtype=torch.long, device=device)
+    over = torch.zeros((), dtype=torch.long, device=device)  # counted once past the cap
     inside: list[Tensor] | None = []
     size = 0
     for chunk in chunks:
@@ -142,56 +229,75 @@ def _window_pass(
             sel = a[mask]
             size += sel.numel()
             inside.append(sel)
-            if size > GATHER_CAP:  # too many: stop keeping, the caller narrows instead
+            if size > cap:  # too many: stop keeping, the caller narrows instead
                 inside = None
-    return int(at_most_lo), (None if inside is None else torch.cat(inside))
+        else:
+            over += torch.count_nonzero(mask)
+    kept = None if inside is None else torch.cat(inside)
+    return at_most_lo, over + size, kept
 
 
-def _bucket_pass(chunks: list[Tensor], dtype: torch.dtype, bounds: Tensor) -> list[int]:
+def _bucket_pass(
+    chunks: list[Tensor], dtype: torch.dtype, bounds: Tensor, comm: _Comm
+) -> list[int]:
     """Cumulative counts ``#{|w| <= bounds[j]}`` for sorted ``bounds`` (the slow fallback)."""
     counts = torch.zeros(bounds.numel() + 1, dtype=torch.long, device=bounds.device)
     for chunk in chunks:
         idx = torch.bucketize(_magnitudes(chunk, dtype), bounds, out_int32=True)
         counts += torch.bincount(idx, minlength=bounds.numel() + 1)
-    cum: list[int] = torch.cumsum(counts, 0).tolist()
+    cum: list[int] = torch.cumsum(comm.sum_(counts), 0).tolist()
     return cum[:-1]
 
 
-def kth_magnitude(
+def _device(tensors: Sequence[Tensor], group: ProcessGroup | None) -> torch.device:
+    if tensors:
+        return tensors[0].device
+    import torch.distributed as dist
+
+    if group is not None and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _check_group(group: ProcessGroup | None) -> None:
+    if group is None:
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "process_group was given but torch.distributed is not initialized: call "
+            "torch.distributed.init_process_group(...) first (torchrun sets the environment), "
+            "or pass process_group=None for a single process"
+        )
+
+
+def _select(
     tensors: Sequence[Tensor],
-    k: int,
-    *,
-    hint: Tensor | float | None = None,
-    hint_width: float = 0.01,
+    rank_of: Callable[[int], int],
+    hint: Tensor | float | None,
+    hint_width: float,
+    group: ProcessGroup | None,
 ) -> Tensor:
-    """The exact k-th smallest ``|w|`` over all elements of ``tensors`` (1-based ``k``).
-
-    Args:
-        tensors: any number of floating tensors, all on one device; they are
-            read, never copied whole or modified.
-        k: rank in ``[0, N]``; ``k = 0`` returns 0.
-        hint: a value expected to be close to the answer (the previous
-            threshold, during training). Affects speed only, never the result.
-        hint_width: relative half-width of the first window around ``hint``.
-
-    Returns:
-        A 0-d tensor on the tensors' device, of dtype float32 (float64 if any
-        tensor is float64), equal to the k-th smallest magnitude.
-
-    Raises:
-        ValueError: if ``k`` is outside ``[0, N]``, no tensor is given, or the
-            k-th magnitude would be NaN.
-    """
-    if not tensors:
+    """The search behind :func:`kth_magnitude`; ``rank_of(N)`` gives ``k`` from the global ``N``."""
+    if not tensors and group is None:
         raise ValueError("kth_magnitude needs at least one tensor")
+    _check_group(group)
+    device = _device(tensors, group)
+    comm = _Comm(group, device)
     dtype = _work_dtype(tensors)
-    device = tensors[0].device
     n = sum(t.numel() for t in tensors)
+    if group is not None:  # global N, and float64 if any rank has float64 weights
+        n, any64 = comm.counts(n, int(dtype == torch.float64))
+        dtype = torch.float64 if any64 else torch.float32
+    k = rank_of(n)
     if not 0 <= k <= n:
         raise ValueError(f"k must be in [0, {n}], got {k}")
     if k == 0:
         return torch.zeros((), dtype=dtype, device=device)
     chunks = _chunks(tensors, dtype)
+    # A window holding more than `cap` magnitudes is narrowed, not gathered.
+    cap = GATHER_CAP if group is None else CANDIDATE_CAP
 
     # Invariant: the answer lies in (lo, hi]; `below` = #{|w| <= lo}, `upto` = #{|w| <= hi}.
     # lo = -1 stands for "nothing below"; NaN is never <= anything, so it is never counted.
@@ -201,30 +307,28 @@ def kth_magnitude(
         w_lo, w_hi = h * (1.0 - hint_width), h * (1.0 + hint_width)
     else:
         w_lo, w_hi = _sample_window(chunks, dtype, k / n)
+    w_lo, w_hi = comm.union(w_lo, w_hi)
     while True:
         exact = w_lo <= lo and w_hi >= hi  # the window is the whole interval
-        at_most_lo, inside = _window_pass(chunks, dtype, w_lo, w_hi)
-        count = at_most_lo + (inside.numel() if inside is not None else 0)
-        if inside is not None and at_most_lo < k <= count:
-            return torch.kthvalue(inside, k - at_most_lo).values
-        if exact and inside is not None:  # k beyond every comparable magnitude
+        at_most_lo, n_inside, inside = _window_pass(chunks, dtype, device, w_lo, w_hi, cap)
+        a, m = comm.counts(at_most_lo, n_inside)
+        # Narrow the interval to the part of it that holds the answer.
+        if a < k <= a + m:  # in the window
+            if m <= cap and inside is not None:  # few enough to have been kept everywhere
+                return torch.kthvalue(comm.gather(inside, m), k - a).values
+            lo, hi, below, upto = w_lo, w_hi, a, a + m
+        elif k <= a:
+            hi, upto = w_lo, a
+        elif exact:  # k beyond every comparable magnitude
             raise ValueError("the k-th magnitude is NaN: the weights contain NaN")
-        # Narrow the interval to the side of the window that holds the answer.
-        if k <= at_most_lo:
-            hi, upto = w_lo, at_most_lo
-        elif inside is None:  # inside the window, but it was too big to keep
-            lo, hi, below = w_lo, w_hi, at_most_lo
         else:
-            lo, below = w_hi, count
-        if upto - below <= GATHER_CAP:  # small enough: take the whole interval next pass
-            w_lo, w_hi = lo, hi
-            continue
-        # Still too many (rare): split evenly and count until a part is small enough.
-        while upto - below > GATHER_CAP:
+            lo, below = w_hi, a + m
+        # Too many to gather (rare): split evenly and count until a part is small enough.
+        while upto - below > cap:
             bounds = _split_evenly(lo, min(hi, torch.finfo(dtype).max), dtype, device)
             if bounds.numel() == 0:  # lo and hi are adjacent floats: the answer is hi
                 return torch.tensor(hi, dtype=dtype, device=device)
-            cum = _bucket_pass(chunks, dtype, bounds)
+            cum = _bucket_pass(chunks, dtype, bounds, comm)
             j = next((i for i, c in enumerate(cum) if c >= k), None)
             if j is None:  # in (bounds[-1], hi]
                 lo, below = float(bounds[-1]), cum[-1]
@@ -232,7 +336,45 @@ def kth_magnitude(
                 hi, upto = float(bounds[j]), cum[j]
                 if j > 0:
                     lo, below = float(bounds[j - 1]), cum[j - 1]
-        w_lo, w_hi = lo, hi
+        w_lo, w_hi = lo, hi  # small enough: take the whole interval next pass
+
+
+def kth_magnitude(
+    tensors: Sequence[Tensor],
+    k: int,
+    *,
+    hint: Tensor | float | None = None,
+    hint_width: float = 0.01,
+    process_group: ProcessGroup | None = None,
+) -> Tensor:
+    """The exact k-th smallest ``|w|`` over all elements of ``tensors`` (1-based ``k``).
+
+    Args:
+        tensors: any number of floating tensors, all on one device; they are
+            read, never copied whole or modified. With ``process_group``, this
+            rank's shard of the weights (may be empty).
+        k: rank in ``[0, N]``; ``k = 0`` returns 0. With ``process_group``,
+            ``N`` and ``k`` count the weights of all ranks together.
+        hint: a value expected to be close to the answer (the previous
+            threshold, during training). Affects speed only, never the result.
+        hint_width: relative half-width of the first window around ``hint``.
+        process_group: a ``torch.distributed`` group (e.g.
+            ``torch.distributed.group.WORLD``) over which the weights are
+            *sharded*: every rank of it must call this function with its own
+            shard and the same ``k``, and all get the same result. ``None``
+            (default): the tensors are all the weights. Do not pass a group
+            for replicated weights (DDP): each weight would count once per rank.
+
+    Returns:
+        A 0-d tensor on the tensors' device, of dtype float32 (float64 if any
+        tensor is float64), equal to the k-th smallest magnitude.
+
+    Raises:
+        ValueError: if ``k`` is outside ``[0, N]``, no tensor is given (without
+            a group), the k-th magnitude would be NaN, or a group is given but
+            ``torch.distributed`` is not initialized.
+    """
+    return _select(tensors, lambda n: k, hint, hint_width, process_group)
 
 
 def select_threshold(
@@ -241,6 +383,7 @@ def select_threshold(
     *,
     hint: Tensor | float | None = None,
     hint_width: float = 0.01,
+    process_group: ProcessGroup | None = None,
 ) -> Tensor:
     """The threshold ``T`` that prunes a fraction ``sparsity`` of all weights.
 
@@ -249,10 +392,12 @@ def select_threshold(
     ``|w| <= T`` when magnitudes are distinct (ties: see the module docstring).
 
     Args:
-        tensors: the weights, all on one device.
+        tensors: the weights, all on one device (this rank's shard with a group).
         sparsity: fraction in ``[0, 1]``.
         hint: the previous threshold, for speed (see :func:`kth_magnitude`).
         hint_width: relative half-width of the first window around ``hint``.
+        process_group: the group over which the weights are sharded; ``N`` is
+            then the total over all ranks (see :func:`kth_magnitude`).
 
     Returns:
         A 0-d tensor (float32, or float64 for float64 weights) on the weights' device.
@@ -267,5 +412,4 @@ def select_threshold(
     """
     if not 0.0 <= sparsity <= 1.0:
         raise ValueError(f"sparsity must be in [0, 1], got {sparsity}")
-    n = sum(t.numel() for t in tensors)
-    return kth_magnitude(tensors, round(sparsity * n), hint=hint, hint_width=hint_width)
+    return _select(tensors, lambda n: round(sparsity * n), hint, hint_width, process_group)
