@@ -20,6 +20,7 @@ Usage, like an LR scheduler::
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -375,6 +376,7 @@ class Pruner:
                 "the Pruner to the unsharded model first, then call fully_shard (FSDP2 tracks "
                 "each parameter where it was registered, and the Pruner's parametrization moves it)"
             )
+        ddp_indices = _ddp_reducer_indices(model)
         devices = {t.weight.device for t in targets}
         if len(devices) > 1 and self.backbone.name.startswith("global"):
             raise ValueError(
@@ -416,7 +418,9 @@ class Pruner:
         except Exception:
             for t in attached:  # leave the model as we found it
                 parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
+            _reconnect_ddp(ddp_indices, [t.weight for t in attached])
             raise
+        _reconnect_ddp(ddp_indices, [t.weight for t in targets])
         self._current = self.scheduled_sparsity(0)
         logger.info(
             "Feather pruner attached to %d tensors (%s weights), target sparsity %.4g, theta %.3g",
@@ -854,6 +858,61 @@ def _to_local(w: Any) -> Tensor:
     """A DTensor's local shard (a plain tensor view, no communication)."""
     local: Tensor = w.to_local()
     return local
+
+
+def _ddp_reducer_indices(model: nn.Module) -> list[tuple[Any, dict[int, int]]]:
+    """Per ``DistributedDataParallel`` inside ``model``: where each parameter sits in its reducer.
+
+    Needed when the Pruner is attached *after* DDP wrapping (see
+    :func:`_reconnect_ddp`); taken before attaching, in DDP's own order (the
+    trainable, non-ignored parameters, in ``named_parameters`` order).
+
+    Raises:
+        ValueError: for DDP options under which the reconnection is not sound.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    out = []
+    for ddp in model.modules():
+        if not isinstance(ddp, DistributedDataParallel):
+            continue
+        if (
+            ddp.find_unused_parameters
+            or ddp.static_graph
+            or getattr(ddp, "mixed_precision", None) is not None
+            or not hasattr(ddp.reducer, "_autograd_hook")
+        ):
+            raise ValueError(
+                "attach the Pruner before wrapping the model in DistributedDataParallel when DDP "
+                "uses find_unused_parameters, static_graph or mixed_precision: "
+                "pruner = Pruner(model, ...); model = DistributedDataParallel(model)"
+            )
+        ignore = ddp.parameters_to_ignore
+        order = [p for n, p in ddp.module.named_parameters() if p.requires_grad and n not in ignore]
+        out.append((ddp, {id(p): i for i, p in enumerate(order)}))
+    return out
+
+
+def _fire_ddp_hook(ddp: Any, index: int, param: Tensor) -> None:
+    ddp.reducer._autograd_hook(index)
+
+
+def _reconnect_ddp(indices: list[tuple[Any, dict[int, int]]], params: Sequence[Tensor]) -> None:
+    """Reconnect DDP's gradient hooks to weights that a parametrization has re-set.
+
+    ``register_parametrization`` keeps each weight's ``Parameter`` object but
+    re-sets it in place (``Tensor.set_``), which gives it a fresh gradient
+    accumulator. DDP hooked the old one at construction, so its all-reduce
+    would never fire for these weights. Hooks registered on the tensor itself
+    (``register_post_accumulate_grad_hook``) survive such resets; each tells
+    the reducer that the weight's gradient is ready, as DDP does for its own
+    mixed-precision parameters.
+    """
+    for ddp, index in indices:
+        for p in params:
+            i = index.get(id(p))
+            if i is not None:
+                p.register_post_accumulate_grad_hook(functools.partial(_fire_ddp_hook, ddp, i))
 
 
 def _fsdp_managed(model: nn.Module, targets: Sequence[PruneTarget]) -> bool:

@@ -233,7 +233,9 @@ def _window_pass(
                 inside = None
         else:
             over += torch.count_nonzero(mask)
-    kept = None if inside is None else torch.cat(inside)
+    if inside is None:
+        return at_most_lo, over + size, None
+    kept = torch.cat(inside) if inside else torch.empty(0, dtype=dtype, device=device)
     return at_most_lo, over + size, kept
 
 
