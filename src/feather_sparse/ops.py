@@ -22,9 +22,10 @@ any float for large ``p``; writing ``|w|^p − T^p = |w|^p (1 − (T/|w|)^p)`` g
     P_T(w) = w · (1 − (T/|w|)^p)^(1/p)
 
 where ``T/|w| ∈ [0, 1)`` on the kept weights, so every intermediate lies in
-``[0, 1]`` for any ``p`` (``(T/|w|)^inf = 0`` makes ``p = inf`` exactly the
-identity on kept weights). ``p = 1`` and ``p = inf`` take exact special paths
-so that they equal soft and hard thresholding bit for bit.
+``[0, 1]`` for any ``p``. The bracket is evaluated as
+``−expm1(p·log1p(−(|w| − T)/|w|))`` to avoid cancellation just above the
+threshold. ``p = 1`` and ``p = inf`` take exact special paths so that they
+equal soft and hard thresholding bit for bit.
 """
 
 from __future__ import annotations
@@ -71,10 +72,14 @@ def _forward(w: Tensor, t: Tensor, p: float) -> Tensor:
     elif p == 1.0:  # soft thresholding: sign(w)·(|w| − T) where |w| > T
         out = torch.where(keep, torch.sign(x).mul_(a.sub_(t)), 0.0)
     else:
-        # r = T/|w| lies in [0, 1) on the kept entries, so 1 − r^p and its
-        # p-th root stay in [0, 1]. Elsewhere r may be >= 1, inf or NaN (0/0);
-        # those entries are discarded by the final `where`.
-        factor = torch.div(t, a, out=a).pow_(p).neg_().add_(1.0).pow_(1.0 / p)
+        # 1 − (T/|w|)^p = −expm1(p·log1p(−(|w| − T)/|w|)). Near the threshold
+        # the naive 1 − r^p cancels catastrophically (an fp32 weight just above
+        # T lost most of its digits); here |w| − T is exact (Sterbenz) and
+        # log1p/expm1 keep full relative precision, so P_T(w) is accurate to a
+        # few ulps everywhere. Entries with |w| <= T may produce NaN or inf in
+        # `factor`; the final `where` discards them.
+        d = (a - t).div_(a)
+        factor = d.neg_().log1p_().mul_(p).expm1_().neg_().pow_(1.0 / p)
         out = torch.where(keep, factor.mul_(x), 0.0)
     return out.to(w.dtype)
 

@@ -306,7 +306,11 @@ def _select(
     lo, hi, below, upto = -1.0, math.inf, 0, n
     h = float(hint) if hint is not None else 0.0
     if 0.0 < h < math.inf:
-        w_lo, w_hi = h * (1.0 - hint_width), h * (1.0 + hint_width)
+        # Boundaries are held as values of the working dtype, so that every
+        # comparison in every pass sees exactly the same number.
+        w_lo, w_hi = (
+            float(torch.tensor(h * (1 + f), dtype=dtype)) for f in (-hint_width, hint_width)
+        )
     else:
         w_lo, w_hi = _sample_window(chunks, dtype, k / n)
     w_lo, w_hi = comm.union(w_lo, w_hi)

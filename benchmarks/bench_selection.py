@@ -1,0 +1,90 @@
+"""Global threshold selection vs a full sort-based quantile (what the released code does).
+
+Weights are laid out as many tensors of a real model's sizes. Two scenarios:
+*cold* (no previous threshold) and *warm* (the previous threshold as a hint,
+after every weight moved by a small SGD-like step, as between two training
+iterations). The reference concatenates every |w|, sorts, and reads the
+linearly interpolated quantile; ``kthvalue`` on the concatenation is shown too.
+
+    python benchmarks/bench_selection.py [--sizes 1.1 4.2 25.6] [--sparsity 0.9]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from _timing import compare, machine
+from feather_sparse.selection import count_at_most, select_threshold
+
+
+def layer_sizes(total: int, n_layers: int = 50) -> list[int]:
+    """Tensor sizes summing to ``total``, growing with depth like a CNN's."""
+    raw = torch.linspace(1.0, 8.0, n_layers) ** 2
+    sizes = (raw / raw.sum() * total).round().long().tolist()
+    sizes[-1] += total - sum(sizes)
+    return sizes
+
+
+def sort_quantile(weights: list[torch.Tensor], s: float) -> torch.Tensor:
+    mags = torch.cat([w.reshape(-1).abs() for w in weights])
+    values = torch.sort(mags).values
+    pos = s * (values.numel() - 1)
+    lo = int(pos)
+    hi = min(lo + 1, values.numel() - 1)
+    return values[lo] + (pos - lo) * (values[hi] - values[lo])
+
+
+def concat_kthvalue(weights: list[torch.Tensor], s: float) -> torch.Tensor:
+    mags = torch.cat([w.reshape(-1).abs() for w in weights])
+    return torch.kthvalue(mags, round(s * mags.numel())).values
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=float, nargs="+", default=[1.1, 4.2, 25.6], help="millions")
+    parser.add_argument("--sparsity", type=float, default=0.9)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    s = args.sparsity
+    print(f"# threshold selection at sparsity {s}; {machine()}\n")
+    print(
+        "| weights | sort quantile (ms) | cat+kthvalue (ms) | ours cold (ms) | ours warm (ms) "
+        "| sort / cold | sort / warm | pruned count ours / sort-k |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    g = torch.Generator().manual_seed(0)
+    for millions in args.sizes:
+        n = round(millions * 1e6)
+        weights = [
+            torch.randn(k, generator=g) * (0.5 + i / 50) for i, k in enumerate(layer_sizes(n))
+        ]
+        t_prev = select_threshold(weights, s)
+        # a training step moves every weight a little
+        moved = [w + 1e-3 * torch.randn(w.shape, generator=g) for w in weights]
+        times = compare(
+            {
+                "sort": lambda: sort_quantile(moved, s),
+                "kth": lambda: concat_kthvalue(moved, s),
+                "cold": lambda: select_threshold(moved, s),
+                "warm": lambda: select_threshold(moved, s, hint=t_prev),
+            },
+            repeats=args.repeats,
+        )
+        ours = select_threshold(moved, s, hint=t_prev)
+        exact = concat_kthvalue(moved, s)
+        assert torch.equal(ours, exact), (ours, exact)
+        c_ours = count_at_most(moved, ours)
+        c_sort = count_at_most(moved, exact)
+        ms = {k: v * 1e3 for k, v in times.items()}
+        print(
+            f"| {millions}M | {ms['sort']:.1f} | {ms['kth']:.1f} "
+            f"| {ms['cold']:.1f} | {ms['warm']:.1f} "
+            f"| {times['sort'] / times['cold']:.1f}× | {times['sort'] / times['warm']:.1f}× "
+            f"| {c_ours:,} / {c_sort:,} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

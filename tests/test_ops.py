@@ -1,0 +1,228 @@
+"""The Feather operator: golden values, properties, gradients, dtypes, devices."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import feather_sparse as fs
+from feather_sparse.ops import OPERATORS, ThresholdOperator, _ThresholdSTE
+
+FLOATS = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, width=32)
+POWERS = st.sampled_from([1.0, 1.5, 2.0, 3.0, 4.0, 8.0, math.inf])
+
+
+def vec(values: list[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype)
+
+
+# ------------------------------------------------------------------- golden values
+def test_golden_w2_t1_p3_is_cube_root_of_7() -> None:
+    # (2^3 - 1^3)^(1/3) = 7^(1/3)
+    out = fs.threshold(vec([2.0, -2.0]), torch.tensor(1.0), p=3.0)
+    assert out.tolist() == pytest.approx([7 ** (1 / 3), -(7 ** (1 / 3))], rel=1e-6)
+
+
+def test_golden_p2_and_float64() -> None:
+    # (5^2 - 3^2)^(1/2) = 4 exactly
+    out = fs.threshold(
+        vec([5.0, -5.0, 3.0], torch.float64), torch.tensor(3.0, dtype=torch.float64), p=2
+    )
+    assert out.tolist() == pytest.approx([4.0, -4.0, 0.0], abs=1e-12)
+
+
+def test_zero_at_and_below_threshold_positive_zero() -> None:
+    out = fs.threshold(vec([-1.0, 1.0, 0.5, -0.5, 0.0]), torch.tensor(1.0), p=3.0)
+    assert torch.equal(out, torch.zeros(5))
+    # pruned entries are +0.0, not -0.0 (bit-exact zeros for sparse formats)
+    assert not torch.signbit(out).any()
+
+
+def test_threshold_zero_is_identity() -> None:
+    w = torch.randn(100)
+    for p in (1.0, 3.0, math.inf):
+        assert torch.equal(fs.threshold(w, torch.tensor(0.0), p=p), w)
+
+
+def test_python_float_threshold_accepted() -> None:
+    assert fs.threshold(vec([2.0]), 1.0).item() == pytest.approx(7 ** (1 / 3), rel=1e-6)
+
+
+def test_registry_operators() -> None:
+    assert OPERATORS.get("feather").p == 3.0
+    assert OPERATORS.get("soft").p == 1.0
+    assert math.isinf(OPERATORS.get("hard").p)
+    with pytest.raises(ValueError, match="choose one of: feather, hard, soft"):
+        OPERATORS.get("medium")
+
+
+# ------------------------------------------------------------------- properties
+@settings(max_examples=200, deadline=None)
+@given(st.lists(FLOATS, min_size=1, max_size=50), st.floats(0, 1e3, width=32), POWERS)
+def test_properties(values: list[float], t: float, p: float) -> None:
+    w = vec(values)
+    out = fs.threshold(w, torch.tensor(t), p=p)
+    pruned = w.abs() <= t
+    assert torch.all(out[pruned] == 0)  # zero exactly where |w| <= T
+    kept = ~pruned & (out != 0)
+    assert torch.equal(torch.sign(out[kept]), torch.sign(w[kept]))  # sign kept
+    assert torch.all(out.abs() <= w.abs())  # |P(w)| <= |w|
+    assert torch.all(torch.isfinite(out))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(FLOATS, min_size=1, max_size=50),
+    st.floats(0, 1e3, width=32),
+    st.floats(0, 1e3, width=32),
+    POWERS,
+)
+def test_monotone_in_threshold(values: list[float], t1: float, t2: float, p: float) -> None:
+    lo, hi = sorted((t1, t2))
+    w = vec(values)
+    a = fs.threshold(w, torch.tensor(lo), p=p).abs()
+    b = fs.threshold(w, torch.tensor(hi), p=p).abs()
+    assert torch.all(b <= a)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(FLOATS, min_size=1, max_size=50), st.floats(0, 1e3, width=32))
+def test_p1_is_soft_and_pinf_is_hard_exactly(values: list[float], t: float) -> None:
+    w = vec(values)
+    tt = torch.tensor(t)
+    soft = torch.sign(w) * (w.abs() - tt).clamp_min(0)
+    hard = torch.where(w.abs() > tt, w, torch.zeros_like(w))
+    assert torch.equal(fs.threshold(w, tt, p=1.0), soft)
+    assert torch.equal(fs.threshold(w, tt, p=math.inf), hard)
+
+
+def test_large_p_approaches_hard_and_matches_float64_reference() -> None:
+    w = torch.randn(1000, dtype=torch.float64) * 3
+    t = torch.tensor(1.0, dtype=torch.float64)
+    for p in (2.0, 3.0, 7.0):
+        ref = torch.where(
+            w.abs() > t, torch.sign(w) * (w.abs() ** p - t**p).clamp_min(0) ** (1 / p), 0.0
+        )
+        assert torch.allclose(fs.threshold(w, t, p=p), ref, rtol=1e-12, atol=1e-12)
+    big = fs.threshold(w, t, p=200.0)
+    hard = fs.threshold(w, t, p=math.inf)
+    keep = w.abs() > 1.1
+    assert torch.allclose(big[keep], hard[keep], rtol=1e-3)
+
+
+# ------------------------------------------------------------------- overflow / dtypes
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("p", [1.0, 3.0, math.inf])
+def test_dtypes_match_float64_reference(dtype: torch.dtype, p: float) -> None:
+    w = (torch.randn(4096) * 2).to(dtype)
+    t = torch.tensor(0.7)
+    out = fs.threshold(w, t, p=p)
+    assert out.dtype == dtype
+    w64 = w.double()
+    ref = fs.threshold(w64, t.double(), p=p)
+    assert torch.allclose(out.double(), ref, rtol=torch.finfo(dtype).eps * 8, atol=0)
+    assert torch.equal(out == 0, w64.abs() <= 0.7)
+
+
+def test_no_overflow_in_float16_with_large_weights() -> None:
+    # |w|^3 overflows float16 (max 65504) for |w| > 40.3; the operator must not.
+    w = torch.tensor([1000.0, -60000.0, 50.0], dtype=torch.float16)
+    out = fs.threshold(w, torch.tensor(10.0), p=3.0)
+    assert torch.all(torch.isfinite(out))
+    ref = torch.sign(w.double()) * (w.double().abs() ** 3 - 1000.0) ** (1 / 3)
+    assert torch.allclose(out.double(), ref, rtol=1e-3)
+
+
+def test_huge_p_is_stable() -> None:
+    w = torch.tensor([3.0, 1.5, -1.0001])
+    out = fs.threshold(w, torch.tensor(1.0), p=1e6)
+    assert torch.all(torch.isfinite(out))
+    assert out.tolist() == pytest.approx([3.0, 1.5, -1.0001], rel=1e-3)
+
+
+# ------------------------------------------------------------------- gradients
+@pytest.mark.parametrize("theta", [0.0, 0.25, 0.5, 1.0])
+@pytest.mark.parametrize("p", [1.0, 3.0, math.inf])
+def test_ste_gradient_scaling(theta: float, p: float) -> None:
+    w = torch.tensor([2.0, -0.5, 1.0, -3.0, 0.0], requires_grad=True)
+    g = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    out = fs.threshold(w, torch.tensor(1.0), p=p, theta=theta)
+    out.backward(g)
+    keep = torch.tensor([True, False, False, True, False])
+    expected = torch.where(keep, g, theta * g)
+    assert torch.equal(w.grad, expected)  # the derivative of P_T itself is never used
+
+
+def test_no_gradient_to_threshold() -> None:
+    w = torch.randn(10, requires_grad=True)
+    t = torch.tensor(0.5, requires_grad=True)
+    fs.threshold(w, t).sum().backward()
+    assert t.grad is None
+
+
+def test_saves_no_float_mask() -> None:
+    w = torch.randn(64, 64, requires_grad=True)
+    t = torch.tensor(0.3)
+    for theta, expect in ((1.0, 0), (0.5, 2)):
+        saved: list[torch.Tensor] = []
+
+        def pack(x: torch.Tensor, saved: list[torch.Tensor] = saved) -> torch.Tensor:
+            saved.append(x)
+            return x
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            fs.threshold(w, t, theta=theta)
+        assert len(saved) == expect
+        # whatever is saved is the caller's own weight and the 0-d threshold: no new storage
+        for x in saved:
+            assert x.data_ptr() in (w.data_ptr(), t.data_ptr())
+
+
+def test_autograd_function_gradcheck_like_identity_on_kept() -> None:
+    w = torch.randn(20, dtype=torch.float64, requires_grad=True)
+    out = _ThresholdSTE.apply(w, torch.tensor(0.1, dtype=torch.float64), 3.0, 0.3)
+    (out * torch.arange(20.0, dtype=torch.float64)).sum().backward()
+    keep = w.detach().abs() > 0.1
+    expected = torch.where(
+        keep, torch.arange(20.0, dtype=torch.float64), 0.3 * torch.arange(20.0, dtype=torch.float64)
+    )
+    assert torch.allclose(w.grad, expected)
+
+
+# ------------------------------------------------------------------- validation
+@pytest.mark.parametrize("p", [0.0, -1.0, float("nan")])
+def test_bad_p(p: float) -> None:
+    with pytest.raises(ValueError, match="p must be > 0"):
+        fs.threshold(torch.ones(3), 0.5, p=p)
+    with pytest.raises(ValueError, match="p must be > 0"):
+        ThresholdOperator(p=p)
+
+
+@pytest.mark.parametrize("theta", [-0.1, 1.5])
+def test_bad_theta(theta: float) -> None:
+    with pytest.raises(ValueError, match=r"theta must be in \[0, 1\]"):
+        fs.threshold(torch.ones(3), 0.5, theta=theta)
+
+
+def test_threshold_must_be_0d() -> None:
+    with pytest.raises(ValueError, match="0-d tensor"):
+        fs.threshold(torch.ones(3), torch.ones(3))
+
+
+# ------------------------------------------------------------------- devices
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_cuda_matches_cpu(dtype: torch.dtype) -> None:
+    w = torch.randn(10_000).to(dtype)
+    t = torch.tensor(0.5)
+    cpu = fs.threshold(w, t, theta=0.5)
+    w_cuda = w.cuda().requires_grad_()
+    gpu = fs.threshold(w_cuda, t.cuda(), theta=0.5)
+    assert gpu.device.type == "cuda"
+    assert torch.allclose(gpu.cpu().double(), cpu.double(), rtol=torch.finfo(dtype).eps * 4)
+    gpu.sum().backward()
+    assert torch.equal(w_cuda.grad.cpu() == 1, w.abs() > 0.5)
