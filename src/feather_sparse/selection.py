@@ -218,25 +218,36 @@ def _window_pass(
     """
     at_most_lo = torch.zeros((), dtype=torch.long, device=device)
     over = torch.zeros((), dtype=torch.long, device=device)  # counted once past the cap
-    inside: list[Tensor] | None = []
-    size = 0
+    # The magnitudes in the window are copied into one buffer as they are
+    # found, so that every per-chunk temporary is freed whole before the next
+    # chunk. Kept as hundreds of small tensors instead, they sat between the
+    # large temporaries and fragmented the heap: at a billion weights the
+    # process grew by 1.4 GB in one pass (benchmarks/bench_selection_1b.py).
+    kept: Tensor | None = None
+    keeping, size = True, 0
     for chunk in chunks:
         a = _magnitudes(chunk, dtype)
         low = a <= lo
         at_most_lo += torch.count_nonzero(low)
         mask = (a <= hi).logical_and_(low.logical_not_())
-        if inside is not None:
-            sel = a[mask]
-            size += sel.numel()
-            inside.append(sel)
-            if size > cap:  # too many: stop keeping, the caller narrows instead
-                inside = None
-        else:
+        if not keeping:
             over += torch.count_nonzero(mask)
-    if inside is None:
+            continue
+        sel = a[mask]
+        if size + sel.numel() > cap:  # too many: stop keeping, the caller narrows instead
+            keeping, kept = False, None
+        elif sel.numel():
+            if kept is None:
+                kept = torch.empty(
+                    min(cap, sum(c.numel() for c in chunks)), dtype=dtype, device=device
+                )
+            kept[size : size + sel.numel()] = sel
+        size += sel.numel()
+    if not keeping:
         return at_most_lo, over + size, None
-    kept = torch.cat(inside) if inside else torch.empty(0, dtype=dtype, device=device)
-    return at_most_lo, over + size, kept
+    if kept is None:
+        return at_most_lo, over + size, torch.empty(0, dtype=dtype, device=device)
+    return at_most_lo, over + size, kept[:size]
 
 
 def _bucket_pass(
