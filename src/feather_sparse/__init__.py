@@ -8,6 +8,14 @@ pruned weights. This module only re-exports the public API.
 
 from feather_sparse._version import __version__
 from feather_sparse.backbones import BACKBONES, Backbone, GlobalBackbone
+from feather_sparse.export import (
+    export_onnx,
+    inspect_sparse,
+    load_sparse,
+    save_sparse,
+    to_sparse_inference,
+)
+from feather_sparse.models import ModelInfo, create_model, list_models, model_info, register_model
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, threshold
 from feather_sparse.pruner import DEFAULT_INCLUDE, LayerReport, Pruner, PrunerReport, auto_theta
 from feather_sparse.registry import Registry
@@ -31,6 +39,7 @@ __all__ = [
     "GlobalBackbone",
     "LayerReport",
     "LinearSchedule",
+    "ModelInfo",
     "Operator",
     "Pruner",
     "PrunerReport",
@@ -39,7 +48,16 @@ __all__ = [
     "ThresholdOperator",
     "__version__",
     "auto_theta",
+    "create_model",
+    "export_onnx",
+    "inspect_sparse",
     "kth_magnitude",
+    "list_models",
+    "load_sparse",
+    "model_info",
+    "register_model",
+    "save_sparse",
     "select_threshold",
     "threshold",
+    "to_sparse_inference",
 ]
