@@ -222,9 +222,24 @@ def _scenario_fsdp2(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
+def _prunable(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv1d))]
+
+
+def _scenario_stages(rank: int, world: int) -> Tensor:
+    """Layers split over ranks by hand (plain tensors): the group goes to the backbone."""
+    stage = nn.ModuleList(_prunable(_model(seed=0))[rank::world])
+    backbone = fs.GlobalBackbone(process_group=dist.group.WORLD)
+    pruner = fs.Pruner(
+        stage, sparsity=SPARSITY, total_steps=1, schedule=ConstantSchedule(), backbone=backbone
+    )
+    return pruner.thresholds()[0]
+
+
 def _all_scenarios(rank: int, world: int) -> dict[str, Any]:
     return {
         "select": _scenario_select(rank, world),
+        "stages": _scenario_stages(rank, world),
         "ddp_pruner_first": _train_ddp(rank, pruner_first=True),
         "ddp_wrapped_first": _train_ddp(rank, pruner_first=False),
         "fsdp2": _scenario_fsdp2(rank, world),
@@ -286,6 +301,14 @@ def test_sharded_layer_caps(runs: list[dict[str, Any]]) -> None:
         assert [float(t) for t in runs[rank]["select"]["layer_caps"]] == [
             float(t) for t in expected
         ]
+
+
+def test_layers_split_over_ranks_share_one_global_threshold(runs: list[dict[str, Any]]) -> None:
+    weights = [m.weight.detach() for m in _prunable(_model(seed=0))]
+    expected = selection.select_threshold(weights, SPARSITY)
+    assert all(torch.equal(runs[r]["stages"], expected) for r in range(WORLD))
+    # ...which is not what either rank would pick from its own layers alone
+    assert not torch.equal(selection.select_threshold(weights[0::2], SPARSITY), expected)
 
 
 @pytest.mark.parametrize("order", ["ddp_pruner_first", "ddp_wrapped_first"])

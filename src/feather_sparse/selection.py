@@ -16,13 +16,15 @@ time, a full-size copy). Here ``T`` is the exact k-th smallest ``|w|``,
    chunk size and the window, not by ``N``.
 3. If the k-th magnitude falls inside the window, ``torch.kthvalue`` on the
    gathered few gives ``T`` exactly. If not, the counts say on which side it
-   is; that side becomes the search interval, and is gathered whole if small,
-   else split evenly in the float bit pattern and counted with
-   ``torch.bucketize`` until a part is small (so the search always ends after
-   a few passes, even on adversarial inputs).
+   is, and that side becomes the next window. A window holding too many to
+   gather (over ``GATHER_CAP``) is instead histogrammed, in the same pass,
+   over 64 parts split evenly in the float bit pattern (``torch.bucketize``
+   on the in-window magnitudes only), and the part holding the answer is the
+   next window: each such pass divides the representable values left by 64,
+   so the search ends after a few passes even on adversarial inputs.
 
-Typically one pass suffices. The result is the same value a full sort would
-give, to the bit.
+Typically one pass suffices (two at a billion weights). The result is the
+same value a full sort would give, to the bit.
 
 Ties: ``T`` is the k-th smallest magnitude *value*. When several weights share
 that magnitude, all of them satisfy ``|w| <= T``, so more than ``k`` weights
@@ -171,14 +173,6 @@ class _Comm:
         out: list[int] = t.tolist()
         return out
 
-    def sum_(self, counts: Tensor) -> Tensor:
-        """All-reduce (SUM) a count tensor in place."""
-        if self.group is not None:
-            import torch.distributed as dist
-
-            dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=self.group)
-        return counts
-
     def union(self, lo: float, hi: float) -> tuple[float, float]:
         """The smallest window holding every rank's window, so all ranks start alike."""
         if self.group is None:
@@ -208,16 +202,35 @@ class _Comm:
         return torch.cat(parts)
 
 
+def _histogram(x: Tensor, bounds: Tensor) -> Tensor:
+    """Counts of ``x`` in the parts ``(.., b0], (b0, b1], ..., (b_last, ..]`` of ``bounds``."""
+    idx = torch.bucketize(x, bounds, out_int32=True)
+    return torch.bincount(idx, minlength=bounds.numel() + 1)
+
+
 def _window_pass(
-    chunks: list[Tensor], dtype: torch.dtype, device: torch.device, lo: float, hi: float, cap: int
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """One pass: ``#{|w| <= lo}``, ``#{lo < |w| <= hi}``, and those (None if over ``cap``).
+    chunks: list[Tensor],
+    dtype: torch.dtype,
+    device: torch.device,
+    lo: float,
+    hi: float,
+    cap: int,
+    bounds: Tensor,
+    always_histogram: bool,
+) -> tuple[Tensor, int, Tensor | None, Tensor | None]:
+    """One pass over the weights for the window ``(lo, hi]``.
 
     Four cheap elementwise kernels per chunk (abs, two compares, a masked
-    select); ``torch.bucketize`` would cost several times more.
+    select) over the weights; anything more runs on the in-window few only.
+
+    Returns:
+        ``#{|w| <= lo}``; ``#{lo < |w| <= hi}``; those magnitudes, or None
+        when more than ``cap``; and their histogram over the parts ``bounds``
+        cut the window into — computed once the magnitudes overflow the cap
+        (or always, with ``always_histogram``), else None.
     """
     at_most_lo = torch.zeros((), dtype=torch.long, device=device)
-    over = torch.zeros((), dtype=torch.long, device=device)  # counted once past the cap
+    hist: Tensor | None = None
     # The magnitudes in the window are copied into one buffer as they are
     # found, so that every per-chunk temporary is freed whole before the next
     # chunk. Kept as hundreds of small tensors instead, they sat between the
@@ -230,36 +243,26 @@ def _window_pass(
         low = a <= lo
         at_most_lo += torch.count_nonzero(low)
         mask = (a <= hi).logical_and_(low.logical_not_())
-        if not keeping:
-            over += torch.count_nonzero(mask)
-            continue
         sel = a[mask]
-        if size + sel.numel() > cap:  # too many: stop keeping, the caller narrows instead
-            keeping, kept = False, None
+        if keeping and size + sel.numel() > cap:  # too many to keep: histogram them instead
+            keeping = False
+            hist = _histogram(kept[:size] if kept is not None else sel[:0], bounds)
+            kept = None
+        if not keeping:
+            assert hist is not None
+            hist += _histogram(sel, bounds)
         elif sel.numel():
             if kept is None:
-                kept = torch.empty(
-                    min(cap, sum(c.numel() for c in chunks)), dtype=dtype, device=device
-                )
+                n = sum(c.numel() for c in chunks)
+                kept = torch.empty(min(cap, n), dtype=dtype, device=device)
             kept[size : size + sel.numel()] = sel
         size += sel.numel()
     if not keeping:
-        return at_most_lo, over + size, None
-    if kept is None:
-        return at_most_lo, over + size, torch.empty(0, dtype=dtype, device=device)
-    return at_most_lo, over + size, kept[:size]
-
-
-def _bucket_pass(
-    chunks: list[Tensor], dtype: torch.dtype, bounds: Tensor, comm: _Comm
-) -> list[int]:
-    """Cumulative counts ``#{|w| <= bounds[j]}`` for sorted ``bounds`` (the slow fallback)."""
-    counts = torch.zeros(bounds.numel() + 1, dtype=torch.long, device=bounds.device)
-    for chunk in chunks:
-        idx = torch.bucketize(_magnitudes(chunk, dtype), bounds, out_int32=True)
-        counts += torch.bincount(idx, minlength=bounds.numel() + 1)
-    cum: list[int] = torch.cumsum(comm.sum_(counts), 0).tolist()
-    return cum[:-1]
+        return at_most_lo, size, None, hist
+    inside = kept[:size] if kept is not None else torch.empty(0, dtype=dtype, device=device)
+    if always_histogram:
+        hist = _histogram(inside, bounds)
+    return at_most_lo, size, inside, hist
 
 
 def _device(tensors: Sequence[Tensor], group: ProcessGroup | None) -> torch.device:
@@ -312,9 +315,9 @@ def _select(
     # A window holding more than `cap` magnitudes is narrowed, not gathered.
     cap = GATHER_CAP if group is None else CANDIDATE_CAP
 
-    # Invariant: the answer lies in (lo, hi]; `below` = #{|w| <= lo}, `upto` = #{|w| <= hi}.
-    # lo = -1 stands for "nothing below"; NaN is never <= anything, so it is never counted.
-    lo, hi, below, upto = -1.0, math.inf, 0, n
+    # Invariant: the answer lies in (lo, hi]; lo = -1 stands for "nothing below".
+    # NaN is never <= anything, so it is never counted.
+    lo, hi = -1.0, math.inf
     h = float(hint) if hint is not None else 0.0
     if 0.0 < h < math.inf:
         # Boundaries are held as values of the working dtype, so that every
@@ -327,33 +330,35 @@ def _select(
     w_lo, w_hi = comm.union(w_lo, w_hi)
     while True:
         exact = w_lo <= lo and w_hi >= hi  # the window is the whole interval
-        at_most_lo, n_inside, inside = _window_pass(chunks, dtype, device, w_lo, w_hi, cap)
-        a, m = comm.counts(at_most_lo, n_inside)
-        # Narrow the interval to the part of it that holds the answer.
+        bounds = _split_evenly(w_lo, min(w_hi, torch.finfo(dtype).max), dtype, device)
+        at_most_lo, n_inside, inside, hist = _window_pass(
+            chunks, dtype, device, w_lo, w_hi, cap, bounds, always_histogram=group is not None
+        )
+        if group is None:
+            a, m = int(at_most_lo), n_inside
+        else:  # one all-reduce: the two counts and the histogram
+            a, m, *hist_counts = comm.counts(
+                at_most_lo, n_inside, *(hist if hist is not None else [])
+            )
+            hist = torch.tensor(hist_counts)
         if a < k <= a + m:  # in the window
             if m <= cap and inside is not None:  # few enough to have been kept everywhere
                 return torch.kthvalue(comm.gather(inside, m), k - a).values
-            lo, hi, below, upto = w_lo, w_hi, a, a + m
+            # Too many to gather: narrow to the part of the window that holds the answer.
+            if bounds.numel() == 0:  # w_lo and w_hi are adjacent floats: the answer is w_hi
+                return torch.tensor(w_hi, dtype=dtype, device=device)
+            assert hist is not None
+            cum: list[int] = (a + torch.cumsum(hist, 0)).tolist()
+            j = next(i for i, c in enumerate(cum) if c >= k)
+            lo = w_lo if j == 0 else float(bounds[j - 1])
+            hi = w_hi if j == bounds.numel() else float(bounds[j])
         elif k <= a:
-            hi, upto = w_lo, a
+            hi = w_lo
         elif exact:  # k beyond every comparable magnitude
             raise ValueError("the k-th magnitude is NaN: the weights contain NaN")
         else:
-            lo, below = w_hi, a + m
-        # Too many to gather (rare): split evenly and count until a part is small enough.
-        while upto - below > cap:
-            bounds = _split_evenly(lo, min(hi, torch.finfo(dtype).max), dtype, device)
-            if bounds.numel() == 0:  # lo and hi are adjacent floats: the answer is hi
-                return torch.tensor(hi, dtype=dtype, device=device)
-            cum = _bucket_pass(chunks, dtype, bounds, comm)
-            j = next((i for i, c in enumerate(cum) if c >= k), None)
-            if j is None:  # in (bounds[-1], hi]
-                lo, below = float(bounds[-1]), cum[-1]
-            else:
-                hi, upto = float(bounds[j]), cum[j]
-                if j > 0:
-                    lo, below = float(bounds[j - 1]), cum[j - 1]
-        w_lo, w_hi = lo, hi  # small enough: take the whole interval next pass
+            lo = w_hi
+        w_lo, w_hi = lo, hi  # the next window is the whole interval left
 
 
 def kth_magnitude(
