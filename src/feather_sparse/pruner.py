@@ -94,17 +94,34 @@ class FeatherParametrization(nn.Module):
     the Pruner, so the forward never synchronises with the host and a compiled
     graph sees a tensor input, not a constant (no recompilation when it moves).
     It is not persistent: the Pruner's own ``state_dict`` holds it.
+
+    With ``backbone`` given (backbones that override
+    :meth:`~feather_sparse.backbones.Backbone.forward_weight`, e.g. ASL+ and
+    Spartan), the forward is ``backbone.forward_weight(index, weight, ...)``.
     """
 
     threshold: Tensor
 
-    def __init__(self, operator: Operator, theta: float, threshold: Tensor) -> None:
+    def __init__(
+        self,
+        operator: Operator,
+        theta: float,
+        threshold: Tensor,
+        backbone: Backbone | None = None,
+        index: int = 0,
+    ) -> None:
         super().__init__()
         self.operator = operator
         self.theta = theta
+        self.backbone = backbone
+        self.index = index
         self.register_buffer("threshold", threshold, persistent=False)
 
     def forward(self, weight: Tensor) -> Tensor:
+        if self.backbone is not None:
+            return self.backbone.forward_weight(
+                self.index, weight, self.threshold, self.operator, self.theta
+            )
         return self.operator(weight, self.threshold, self.theta)
 
     def extra_repr(self) -> str:
@@ -404,15 +421,17 @@ class Pruner:
 
         # --- attach: thresholds for step 0, then the parametrizations --------
         thresholds = self._compute_thresholds(self.scheduled_sparsity(0))
+        # Route the forward through the backbone only when it changes it.
+        hook = self.backbone if _overrides(self.backbone, "forward_weight") else None
         attached: list[PruneTarget] = []
         try:
-            for t, value in zip(targets, thresholds):
+            for index, (t, value) in enumerate(zip(targets, thresholds)):
                 buf = (
                     value.detach()
                     .to(device=t.weight.device, dtype=compute_dtype(t.weight.dtype))
                     .clone()
                 )
-                param = FeatherParametrization(self.operator, self.theta, buf)
+                param = FeatherParametrization(self.operator, self.theta, buf, hook, index)
                 parametrize.register_parametrization(t.module, "weight", param)
                 attached.append(t)
         except Exception:
@@ -502,7 +521,10 @@ class Pruner:
     def _layer_zeros(self) -> list[int]:
         weights, group = self._local_weights()
         counts = torch.stack(
-            [torch.count_nonzero(w.abs() <= th) for w, th in zip(weights, self.thresholds())]
+            [
+                torch.count_nonzero(self.backbone.pruned_mask(i, w, th))
+                for i, (w, th) in enumerate(zip(weights, self.thresholds()))
+            ]
         )
         if group is not None:
             import torch.distributed as dist
@@ -574,6 +596,7 @@ class Pruner:
                     f"non-finite weights (NaN or inf) in layer(s) {', '.join(bad)} at step "
                     f"{self._step}: training diverged; lower the learning rate or clip gradients"
                 )
+        self.backbone.advance(self._step, self.total_steps, self.sparsity)
         thresholds = self.backbone.thresholds(weights, sparsity)
         if len(thresholds) != len(weights):
             raise RuntimeError(
@@ -720,8 +743,7 @@ class Pruner:
                 continue
             plain = _join(t.name, "weight")
             if pruned:
-                p = self._parametrization(t)
-                out[plain] = p.operator(value, p.threshold, p.theta).detach()
+                out[plain] = self._parametrization(t)(value).detach()
             else:
                 out[plain] = value
         return out
@@ -971,6 +993,11 @@ def _all_reduce_max(maxima: Tensor, group: ProcessGroup) -> Tensor:
     both = torch.stack([torch.where(finite, maxima, 0.0), (~finite).float()])
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
     return torch.where(both[1] > 0, math.nan, both[0])
+
+
+def _overrides(obj: object, method: str) -> bool:
+    """Whether ``obj``'s class overrides ``Backbone.<method>``."""
+    return getattr(type(obj), method) is not getattr(Backbone, method)
 
 
 def _join(prefix: str, name: str) -> str:
