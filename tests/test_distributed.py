@@ -217,6 +217,7 @@ def _scenario_fsdp2(rank: int, world: int) -> dict[str, Any]:
             )
     out["steps"] = steps
     out["numel"] = pruner.num_params
+    out["backbones"] = _fsdp2_other_backbones()
     dense = pruner.dense_state_dict(pruned=True)
     out["dense_zeros"] = sum(
         int((v.full_tensor() == 0).sum()) for k, v in dense.items() if k.endswith("weight")
@@ -276,6 +277,23 @@ def _scenario_train(rank: int, world: int, root: Path) -> dict[str, Any]:
         "sparsity": full.sparsity,
         "test_accuracy": full.test_accuracy,
     }
+
+
+def _fsdp2_other_backbones() -> dict[str, Any]:
+    """Per-layer (uniform) thresholds under FSDP2; a backbone without sharding support refuses."""
+    from torch.distributed.fsdp import fully_shard
+
+    out: dict[str, Any] = {}
+    for name in ("uniform", "global-flops"):
+        model = _model(seed=0)
+        pruner = fs.Pruner(model, sparsity=SPARSITY, total_steps=1, backbone=name)
+        fully_shard(model)
+        try:
+            pruner.update(SPARSITY)
+            out[name] = [t.clone() for t in pruner.thresholds()]
+        except ValueError as err:
+            out[name] = str(err)
+    return out
 
 
 def _all_scenarios(rank: int, world: int, root: str) -> dict[str, Any]:
@@ -408,6 +426,18 @@ def test_fsdp2_masks_survive_sharding(runs: list[dict[str, Any]]) -> None:
             # the sharded forward uses P_T of the full weight, like an unsharded model
             torch.testing.assert_close(step["out"], step["out_reference"])
         assert out["dense_zeros"] == round(SPARSITY * n)
+
+
+def test_fsdp2_uniform_backbone_equals_single_process(runs: list[dict[str, Any]]) -> None:
+    model = _model(seed=0)
+    pruner = fs.Pruner(model, sparsity=SPARSITY, total_steps=1, backbone="uniform")
+    pruner.update(SPARSITY)
+    expected = pruner.thresholds()
+    assert len(set(map(float, expected))) > 1  # really one threshold per layer
+    for rank in range(WORLD):
+        got = runs[rank]["fsdp2"]["backbones"]["uniform"]
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        assert "does not support sharded" in runs[rank]["fsdp2"]["backbones"]["global-flops"]
 
 
 def test_fsdp2_misuse_is_explained(runs: list[dict[str, Any]]) -> None:

@@ -321,6 +321,7 @@ class UniformBackbone(Backbone):
     """
 
     name = "uniform"
+    supports_sharding = True  # the counts are of whole tensors; each selection is sharded
 
     def __init__(self, keep_first_dense: bool = False) -> None:
         if not isinstance(keep_first_dense, bool):
@@ -342,19 +343,25 @@ class UniformBackbone(Backbone):
         if self.dense_index is not None:
             shares[self.dense_index] = 0.0
         counts = allocate(shares, self.sizes, round(sparsity * sum(self.sizes)))
-        return _layer_kth(weights, counts, self._warm)
+        return _layer_kth(weights, counts, self._warm, self.process_group)
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "keep_first_dense": self.keep_first_dense}
 
 
 def _layer_kth(
-    weights: Sequence[Tensor], counts: Sequence[int], warm: list[_WarmStart]
+    weights: Sequence[Tensor],
+    counts: Sequence[int],
+    warm: list[_WarmStart],
+    process_group: ProcessGroup | None = None,
 ) -> list[Tensor]:
-    """Per tensor, the exact ``counts[l]``-th smallest magnitude (0 when nothing is pruned)."""
+    """Per tensor, the exact ``counts[l]``-th smallest magnitude (0 when nothing is pruned).
+
+    With ``process_group``, ``weights`` are this rank's shards of the tensors.
+    """
     out = []
     for w, k, ws in zip(weights, counts, warm):
-        t = kth_magnitude([w], k, hint=ws.hint, hint_width=ws.width)
+        t = kth_magnitude([w], k, hint=ws.hint, hint_width=ws.width, process_group=process_group)
         if k > 0:
             ws.update(float(t))
         out.append(t)

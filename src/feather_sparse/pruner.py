@@ -578,9 +578,10 @@ class Pruner:
         weights, group = self._local_weights()
         if group is not None:
             if not self.backbone.supports_sharding:
+                able = [n for n in BACKBONES.names() if BACKBONES.get(n).supports_sharding]
                 raise ValueError(
                     f"backbone {self.backbone.name!r} does not support sharded (FSDP2/DTensor) "
-                    "weights; use backbone='global', or prune before sharding"
+                    f"weights; use one that does ({', '.join(able)})"
                 )
             self.backbone.process_group = group
         maxima = None
