@@ -744,7 +744,7 @@ class Pruner:
                 continue
             plain = _join(t.name, "weight")
             if pruned:
-                out[plain] = self._parametrization(t)(value).detach()
+                out[plain] = _on_local_shard(self._parametrization(t), value).detach()
             else:
                 out[plain] = value
         return out
@@ -948,6 +948,19 @@ def _fsdp_managed(model: nn.Module, targets: Sequence[PruneTarget]) -> bool:
     except ImportError:  # pragma: no cover - torch without FSDP2
         return False
     return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def _on_local_shard(fn: Callable[[Tensor], Tensor], w: Tensor) -> Tensor:
+    """``fn(w)`` for an elementwise ``fn``; a DTensor's shards are mapped where they lie."""
+    dtensor = _dtensor_type()
+    if dtensor is None or not isinstance(w, dtensor):
+        return fn(w)
+    d: Any = w
+    local = fn(d.to_local())
+    out: Tensor = dtensor.from_local(  # type: ignore[attr-defined]
+        local, d.device_mesh, d.placements, run_check=False, shape=d.shape, stride=d.stride()
+    )
+    return out
 
 
 def _shard_group(w: Any) -> ProcessGroup | None:

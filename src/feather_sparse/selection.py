@@ -110,10 +110,13 @@ def _chunks(
     return out
 
 
-def _magnitudes(chunk: _Chunk, dtype: torch.dtype) -> Tensor:
-    """``|w|·scale`` of one chunk in ``dtype`` (one new temporary)."""
+def _magnitudes(chunk: _Chunk, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+    """``|w|·scale`` of one chunk in ``dtype``: a new temporary, or written into ``out``."""
     values, scale = chunk
-    a = values.abs() if values.dtype == dtype else values.to(dtype).abs_()
+    if out is not None:
+        a = torch.abs(values, out=out) if values.dtype == dtype else out.copy_(values).abs_()
+    else:
+        a = values.abs() if values.dtype == dtype else values.to(dtype).abs_()
     return a if scale == 1.0 else a.mul_(scale)
 
 
@@ -265,18 +268,25 @@ def _window_pass(
     """
     at_most_lo = torch.zeros((), dtype=torch.long, device=device)
     hist: Tensor | None = None
+    # Scratch buffers reused by every chunk: fresh multi-megabyte temporaries
+    # cost page faults on every allocation, more than the kernels themselves.
+    longest = max((c.numel() for c, _ in chunks), default=0)
+    a_buf = torch.empty(longest, dtype=dtype, device=device)
+    low_buf = torch.empty(longest, dtype=torch.bool, device=device)
+    mask_buf = torch.empty(longest, dtype=torch.bool, device=device)
     # The magnitudes in the window are copied into one buffer as they are
-    # found, so that every per-chunk temporary is freed whole before the next
-    # chunk. Kept as hundreds of small tensors instead, they sat between the
-    # large temporaries and fragmented the heap: at a billion weights the
-    # process grew by 1.4 GB in one pass (benchmarks/bench_selection_1b.py).
+    # found, so that nothing small and long-lived sits between the per-chunk
+    # temporaries. Kept as hundreds of small tensors instead, they fragmented
+    # the heap: at a billion weights the process grew by 1.4 GB in one pass
+    # (benchmarks/bench_selection_1b.py).
     kept: Tensor | None = None
     keeping, size = True, 0
     for chunk in chunks:
-        a = _magnitudes(chunk, dtype)
-        low = a <= lo
+        n = chunk[0].numel()
+        a = _magnitudes(chunk, dtype, out=a_buf[:n])
+        low = torch.le(a, lo, out=low_buf[:n])
         at_most_lo += torch.count_nonzero(low)
-        mask = (a <= hi).logical_and_(low.logical_not_())
+        mask = torch.le(a, hi, out=mask_buf[:n]).logical_and_(low.logical_not_())
         sel = a[mask]
         if keeping and size + sel.numel() > cap:  # too many to keep: histogram them instead
             keeping = False
@@ -287,8 +297,8 @@ def _window_pass(
             hist += _histogram(sel, bounds)
         elif sel.numel():
             if kept is None:
-                n = sum(c.numel() for c, _ in chunks)
-                kept = torch.empty(min(cap, n), dtype=dtype, device=device)
+                total = sum(c.numel() for c, _ in chunks)
+                kept = torch.empty(min(cap, total), dtype=dtype, device=device)
             kept[size : size + sel.numel()] = sel
         size += sel.numel()
     if not keeping:
