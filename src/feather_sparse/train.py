@@ -31,9 +31,16 @@ checkpoint so that, on CPU, the weights are bit-identical to an uninterrupted
 run: model, optimizer, LR schedule, Pruner and every RNG state are restored,
 and the data loaders shuffle as a pure function of ``(seed, epoch)``.
 
-Distributed training is prepared, not implemented: the rank and world size
-come from ``distributed_context()`` (one place), are handed to the data
-loaders, and only rank 0 writes files.
+Distributed data parallel (DDP): under ``torchrun --nproc_per_node=N -m
+feather_sparse train ...`` the CLI joins the process group from the
+environment (``nccl`` on CUDA, one GPU per process by ``LOCAL_RANK``;
+``gloo`` on CPU). The rank and world size come from ``distributed_context()``
+(one place) and are handed to the data loaders, which give each rank its own
+shard of every epoch; the Pruner is attached to the bare model, which is then
+wrapped in ``DistributedDataParallel``, so every rank computes the identical
+threshold locally (see ``docs/distributed.md``). Evaluation sums are
+all-reduced; only rank 0 logs to the run folder and writes files, and the
+other ranks wait for each checkpoint (a barrier) before going on.
 """
 
 from __future__ import annotations
@@ -91,6 +98,7 @@ __all__ = [
     "default_run_dir",
     "distributed_context",
     "evaluate",
+    "init_distributed",
     "load_checkpoint",
     "lr_factor",
     "resolve_device",
@@ -157,6 +165,46 @@ def _all_reduce_sum(tensor: Tensor, ctx: DistContext) -> Tensor:
     if ctx.world_size > 1:
         torch.distributed.all_reduce(tensor)
     return tensor
+
+
+def _barrier(ctx: DistContext) -> None:
+    """Wait for every process (after rank 0 wrote a checkpoint); nothing with one process."""
+    if ctx.world_size > 1:
+        torch.distributed.barrier()
+
+
+def _sync_buffers(model: nn.Module, ctx: DistContext) -> None:
+    """Rank 0's buffers (BatchNorm statistics) on every rank, as DDP does before a forward.
+
+    Each rank's last training forward updated its running statistics from its
+    own batch; evaluating with rank 0's makes every rank evaluate the model
+    that rank 0 checkpoints.
+    """
+    if ctx.world_size > 1:
+        for buf in model.buffers():
+            torch.distributed.broadcast(buf, src=0)
+
+
+def init_distributed(device: str = "auto") -> bool:
+    """Join the process group described by ``torchrun``'s environment, if any.
+
+    Does nothing with one process (``WORLD_SIZE`` unset or 1) or when a group
+    exists already. The backend is ``nccl`` when ``device`` resolves to CUDA
+    (each process then uses GPU ``LOCAL_RANK``), else ``gloo``.
+
+    Returns:
+        Whether this call initialised the group (the caller then destroys it).
+    """
+    dist = torch.distributed
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return False
+    if not dist.is_available():
+        raise RuntimeError("WORLD_SIZE > 1 but this torch build has no torch.distributed")
+    cuda = resolve_device(device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return True
 
 
 # ====================================================================== methods
@@ -719,6 +767,7 @@ class _Session:
     device: torch.device
     bundle: Any
     model: nn.Module
+    forward_model: nn.Module  # `model`, or its DistributedDataParallel wrapper
     spec: dict[str, Any]
     pruner: Any | None
     optimizer: torch.optim.Optimizer
@@ -783,7 +832,12 @@ def _setup(
         if checkpoint["pruner"] is None:
             raise ValueError("cannot resume: the checkpoint is of a dense run")
         pruner.load_state_dict(checkpoint["pruner"])
-    # (The DDP helper wraps `model` here; the Pruner keeps the bare module.)
+    # The Pruner keeps the bare module; training runs through the DDP wrapper.
+    forward_model: nn.Module = model
+    if ctx.world_size > 1:
+        forward_model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     optimizer = build_optimizer(config, model, pruner)
     amp_dtype = torch.bfloat16 if config.amp_dtype == "bfloat16" else torch.float16
     session = _Session(
@@ -793,6 +847,7 @@ def _setup(
         device=device,
         bundle=bundle,
         model=model,
+        forward_model=forward_model,
         spec=spec,
         pruner=pruner,
         optimizer=optimizer,
@@ -869,7 +924,7 @@ def _train_epoch(s: _Session, progress: bool) -> tuple[float, float]:
     try:
         for i, (x, y) in enumerate(s.bundle.train):
             with s.autocast():
-                out = s.model(x)
+                out = s.forward_model(x)
                 loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
             # The backbone's extra loss term (ASL+'s sparsity loss; 0 for global).
             total = loss if pruner is None else loss + pruner.regularizer()
@@ -954,6 +1009,7 @@ def _finish(s: _Session, writer: Any, started: float) -> TrainResult:
         sparsity = 0.0
         table = _dense_table(s.model)
     target = 0.0 if config.dense else config.sparsity
+    _sync_buffers(s.model, s.ctx)
     test_loss, test_acc = evaluate(s.model, s.bundle.test, autocast=s.autocast, ctx=s.ctx)
     model_path: Path | None = None
     if s.ctx.is_main:
@@ -988,6 +1044,7 @@ def _finish(s: _Session, writer: Any, started: float) -> TrainResult:
         if writer is not None:
             writer.add_scalar("final/test_acc", test_acc, s.epoch)
             writer.add_scalar("final/sparsity", sparsity, s.epoch)
+    _barrier(s.ctx)
     logger.info(
         "final: test accuracy %.2f%%, sparsity %.4f (target %.4g)", 100 * test_acc, sparsity, target
     )
@@ -1059,6 +1116,7 @@ def _train(
             epoch_start = time.perf_counter()
             train_loss, train_acc = _train_epoch(s, progress)
             s.epoch += 1
+            _sync_buffers(s.model, ctx)
             test_loss, test_acc = evaluate(s.model, s.bundle.test, autocast=s.autocast, ctx=ctx)
             pruner = s.pruner
             row: dict[str, Any] = {
@@ -1089,6 +1147,7 @@ def _train(
                         if key not in ("epoch", "step") and isinstance(value, (int, float)):
                             writer.add_scalar(key, value, s.epoch)
                     writer.flush()
+            _barrier(ctx)  # nobody runs ahead of (or resumes from) a half-written checkpoint
 
         if s.epoch < config.epochs:
             logger.info("stopped after epoch %d of %d (resumable)", s.epoch, config.epochs)
@@ -1169,6 +1228,8 @@ def train(
     if stop_after_epoch is not None and stop_after_epoch < 1:
         raise ValueError(f"stop_after_epoch must be >= 1, got {stop_after_epoch}")
     device = resolve_device(config.device)
+    if ctx.world_size > 1 and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())  # this rank's GPU
     if config.amp and device.type != "cuda":
         raise ValueError(f"amp: mixed precision needs a CUDA device, this run uses {device}")
 
@@ -1176,6 +1237,10 @@ def train(
         if resume:
             raise ValueError("resume needs the run folder to continue")
         run_dir = default_run_dir(config)
+        if ctx.world_size > 1:  # the time stamp of rank 0's clock, on every rank
+            names = [str(run_dir)]
+            torch.distributed.broadcast_object_list(names, src=0)
+            run_dir = names[0]
     run_path = Path(run_dir)
     ckpt_file = checkpoint_path(run_path)
     checkpoint: dict[str, Any] | None = None
@@ -1314,11 +1379,16 @@ def _cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _console_logging(verbose: int) -> Iterator[None]:
-    """Show the package's INFO lines (epoch summaries) on stderr, without prefixes."""
+def _console_logging(verbose: int, quiet: bool = False) -> Iterator[None]:
+    """Show the package's INFO lines (epoch summaries) on stderr, without prefixes.
+
+    ``quiet`` (the non-zero ranks of a distributed run) shows warnings and errors only.
+    """
     pkg = logging.getLogger("feather_sparse")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_ConsoleFormatter())
+    if quiet:
+        handler.setLevel(logging.WARNING)
     old = (pkg.level, pkg.propagate)
     pkg.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
     pkg.propagate = False
@@ -1359,14 +1429,22 @@ def run_cli(command: str, args: argparse.Namespace) -> int:
             print(f"{key} = {json.dumps(value)}")
         return 0
 
-    with _console_logging(getattr(args, "verbose", 0)):
-        result = train(
-            config,
-            run_dir,
-            resume=resume_dir is not None,
-            stop_after_epoch=args.stop_after_epoch,
-            progress=args.progress,
-        )
+    initialised = init_distributed(config.device)  # under torchrun: join the group
+    try:
+        main = distributed_context().is_main
+        with _console_logging(getattr(args, "verbose", 0), quiet=not main):
+            result = train(
+                config,
+                run_dir,
+                resume=resume_dir is not None,
+                stop_after_epoch=args.stop_after_epoch,
+                progress=args.progress,
+            )
+    finally:
+        if initialised:
+            torch.distributed.destroy_process_group()
+    if not main:  # rank 0 prints the results
+        return 0
     if not result.completed:
         print(
             f"stopped after epoch {result.epochs}/{config.epochs}: test accuracy "
