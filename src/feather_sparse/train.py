@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -63,7 +64,9 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from feather_sparse._version import __version__
-from feather_sparse.pruner import DEFAULT_INCLUDE, Pruner, PrunerReport
+from feather_sparse.backbones import ASL_LR_SCALE
+from feather_sparse.baselines import METHODS, make_pruner
+from feather_sparse.pruner import DEFAULT_INCLUDE, PrunerReport
 from feather_sparse.recipes import (
     DEFAULT_RECIPE,
     TrainConfig,
@@ -157,8 +160,14 @@ def _all_reduce_sum(tensor: Tensor, ctx: DistContext) -> Tensor:
 
 
 # ====================================================================== methods
-#: The sparsification methods ``build_pruner`` knows (``config.method``).
-SUPPORTED_METHODS = ("feather",)
+#: The sparsification methods ``build_pruner`` knows (``config.method``): the
+#: registry of :mod:`feather_sparse.baselines`.
+SUPPORTED_METHODS = tuple(METHODS.names())
+
+#: Config fields a method other than ``feather`` decides itself unless the run
+#: sets them (GMP fixes the operator, Spartan its schedule, ...).
+_METHOD_FIELDS = ("operator", "p", "theta", "backbone")
+_SCHEDULE_FIELDS = ("schedule", "schedule_start", "schedule_end")
 
 
 def _check_method(config: TrainConfig) -> None:
@@ -172,47 +181,61 @@ def _check_method(config: TrainConfig) -> None:
 def build_pruner(config: TrainConfig, model: nn.Module, total_steps: int) -> Any | None:
     """The sparsifier a config asks for, attached to ``model``; ``None`` when dense.
 
-    The one place that turns a config into a pruner (the baselines plug in
-    here). For ``feather``, the paper's method, the config's sparsity options
-    map one to one onto the :class:`~feather_sparse.pruner.Pruner`'s
-    arguments. What is returned has the ``Pruner`` interface: ``step``,
-    ``report``, ``finalize``, ``state_dict``, ``dense_state_dict``, ...
+    The one place that turns a config into a pruner. For ``feather``, the
+    paper's method, the config's sparsity options map one to one onto the
+    :class:`~feather_sparse.pruner.Pruner`'s arguments. The other methods
+    (:data:`~feather_sparse.baselines.METHODS`: hard, soft, nonste, gmp, st3,
+    spartan) set their own operator, θ, backbone and schedule: those fields
+    left at their defaults are the method's to decide; one set to another
+    value is passed on, and the method refuses a value that contradicts it
+    (``--method st3 --backbone global-flops`` is ST-3σ; ``--method gmp
+    --operator soft`` is an error).
+    What is returned has the ``Pruner`` interface: ``step``, ``report``,
+    ``finalize``, ``state_dict``, ``dense_state_dict``, ...
 
     Raises:
-        ValueError: for an unknown method (naming the field and the choices).
+        ValueError: for an unknown method (naming the field and the choices),
+            or a field that contradicts the method.
     """
     if config.dense:
         return None
     _check_method(config)
-    return Pruner(
+    chosen: dict[str, Any] = {name: getattr(config, name) for name in _METHOD_FIELDS}
+    schedule: dict[str, Any] | None = {
+        "name": config.schedule,
+        "start": config.schedule_start,
+        "end": config.schedule_end,
+    }
+    if config.method != "feather":
+        default = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+        chosen = {k: v for k, v in chosen.items() if v != default[k]}
+        if all(getattr(config, k) == default[k] for k in _SCHEDULE_FIELDS):
+            schedule = None  # the method's own schedule (Spartan's linear ramp)
+    if schedule is not None:
+        chosen["schedule"] = schedule
+    return make_pruner(
         model,
+        config.method,
         sparsity=config.sparsity,
         total_steps=total_steps,
-        operator=config.operator,
-        p=config.p,
-        theta=config.theta,
         theta_rule=config.theta_rule,
-        backbone=config.backbone,
-        schedule={
-            "name": config.schedule,
-            "start": config.schedule_start,
-            "end": config.schedule_end,
-        },
         update_every=config.update_every,
         exclude=config.exclude,
         max_layer_sparsity=config.max_layer_sparsity,
+        **chosen,
     )
 
 
 # ================================================================= optimisation
 def _param_groups(
-    model: nn.Module, pruner: Any | None, weight_decay: float
+    model: nn.Module, pruner: Any | None, weight_decay: float, pruner_lr: float | None = None
 ) -> list[dict[str, Any]]:
     """Weight decay on weights only: norm parameters and biases are 1-D and get none.
 
     The paper's CIFAR recipe (and its released code) exempts BatchNorm
     parameters and biases; every such parameter is a vector, so the rule is
-    ``ndim <= 1``. A pruner's own parameters (ASL+ thresholds) get no decay.
+    ``ndim <= 1``. A pruner's own parameters (ASL+ thresholds) get no decay,
+    and ``pruner_lr`` as their learning rate when given.
     """
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
@@ -226,7 +249,7 @@ def _param_groups(
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
-        {"params": extra, "weight_decay": 0.0},
+        {"params": extra, "weight_decay": 0.0} | ({} if pruner_lr is None else {"lr": pruner_lr}),
     ]
     return [g for g in groups if g["params"]]
 
@@ -235,7 +258,8 @@ def build_optimizer(
     config: TrainConfig, model: nn.Module, pruner: Any | None = None
 ) -> torch.optim.Optimizer:
     """SGD (momentum, optional Nesterov) or AdamW (β1 = momentum) over the model and pruner."""
-    groups = _param_groups(model, pruner, config.weight_decay)
+    # ASL trains its thresholds at lr/100 (ASL_LR_SCALE).
+    groups = _param_groups(model, pruner, config.weight_decay, config.lr * ASL_LR_SCALE)
     if config.optimizer == "sgd":
         return torch.optim.SGD(
             groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov

@@ -118,13 +118,15 @@ class TrainConfig:
     tensorboard: bool = _f(True, "write TensorBoard logs when tensorboard is installed")
     # --- sparsity -------------------------------------------------------------
     dense: bool = _f(False, "train the dense baseline (no pruning)")
-    method: str = _f("feather", "sparsification method (see train.METHODS)")
+    method: str = _f(
+        "feather", "sparsification method: feather, hard, soft, nonste, gmp, st3, spartan"
+    )
     sparsity: float = _f(0.9, "final target sparsity over all prunable weights")
     operator: str = _f("feather", "thresholding operator: feather (p=3), soft, hard")
     p: float | None = _f(None, "operator power (overrides the operator's; inf = hard)")
     theta: float | str = _f("auto", "gradient scale of pruned weights in [0, 1], or auto")
     theta_rule: str = _f("paper", "auto theta boundary: paper (S >= 0.95) or released (S > 0.95)")
-    backbone: str = _f("global", "threshold backbone (global, ...)")
+    backbone: str = _f("global", "threshold backbone: global, uniform, global-flops, asl+")
     schedule: str = _f("cubic", "sparsity schedule: cubic, linear, constant")
     schedule_start: float = _f(0.0, "fraction of training where the sparsity ramp starts")
     schedule_end: float = _f(0.5, "fraction of training where the target sparsity is reached")
