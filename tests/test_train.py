@@ -31,8 +31,10 @@ from feather_sparse.train import (
     train,
 )
 
-# A few hundred synthetic samples: 8 steps of 64 per epoch.
+# A few hundred synthetic samples: 8 steps of 64 per epoch, the default model
+# at a quarter of its width.
 SMALL = {
+    "model_kwargs": {"width": 0.25},
     "dataset": "synthetic-mnist1d",
     "data_options": {"train_size": 512, "test_size": 128},
     "batch_size": 64,
@@ -42,6 +44,8 @@ SMALL = {
     "threads": 1,
 }
 SMALL_ARGS = [
+    "--model-kwargs",
+    "{width = 0.25}",
     "--dataset",
     "synthetic-mnist1d",
     "--set",
