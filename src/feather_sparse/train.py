@@ -1440,6 +1440,11 @@ def run_cli(command: str, args: argparse.Namespace) -> int:
                 stop_after_epoch=args.stop_after_epoch,
                 progress=args.progress,
             )
+        if initialised:
+            # Leave together: a rank that tears gloo down while another still
+            # finishes its last collective aborts the process (seen under load).
+            # Not in `finally`: after a failure on one rank the others must not wait.
+            torch.distributed.barrier()
     finally:
         if initialised:
             torch.distributed.destroy_process_group()
