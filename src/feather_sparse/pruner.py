@@ -586,6 +586,8 @@ class Pruner:
             self.backbone.process_group = group
         maxima = None
         if self.check_finite:
+            # One read-only pass per tensor (aminmax propagates NaN and inf);
+            # |w|.amax() would also write a full-size temporary.
             maxima = torch.stack([_abs_max(w) for w in weights])
             if group is not None:
                 maxima = _all_reduce_max(maxima, group)
@@ -993,10 +995,14 @@ def _common_shard_group(weights: Sequence[Any]) -> ProcessGroup | None:
 
 
 def _abs_max(w: Tensor) -> Tensor:
-    """``max |w|`` as float32 (0 for an empty shard)."""
+    """``max |w|`` as float32 (0 for an empty shard), NaN if ``w`` holds a NaN.
+
+    ``torch.aminmax`` reads ``w`` once and writes nothing of its size.
+    """
     if w.numel() == 0:
         return torch.zeros((), dtype=torch.float32, device=w.device)
-    return w.abs().amax().float()
+    lo, hi = torch.aminmax(w)
+    return torch.maximum(-lo.float(), hi.float())
 
 
 def _all_reduce_max(maxima: Tensor, group: ProcessGroup) -> Tensor:

@@ -71,7 +71,7 @@ __all__ = ["count_at_most", "kth_magnitude", "scaled_magnitudes", "select_thresh
 
 # Elements processed at once: bounds the temporaries (magnitudes, bucket
 # indices) to a few tens of MB whatever the size of the tensors.
-CHUNK = 1 << 22
+CHUNK = 1 << 18
 # Strided sample used to place the first boundaries when no hint is given.
 SAMPLE = 1 << 16
 # Most elements kept from a window; a window that would hold more is dropped
