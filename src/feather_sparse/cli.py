@@ -21,7 +21,9 @@ from collections.abc import Sequence
 from feather_sparse._version import __version__
 
 # command -> (module implementing it, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("feather_sparse.train", "train a model with Feather sparsity (or dense)"),
+}
 
 
 def _available_commands() -> dict[str, tuple[str, str]]:
