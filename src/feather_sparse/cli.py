@@ -23,6 +23,7 @@ from feather_sparse._version import __version__
 # command -> (module implementing it, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("feather_sparse.train", "train a model with Feather sparsity (or dense)"),
+    "bench": ("feather_sparse.experiments", "reproduce the paper's tables and figures"),
 }
 
 

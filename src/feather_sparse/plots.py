@@ -22,6 +22,7 @@ __all__ = [
     "plot_flops",
     "plot_layer_sparsity",
     "plot_operator_family",
+    "plot_panels",
     "plot_stability",
 ]
 
@@ -48,6 +49,44 @@ def _save(fig: Any, path: str | os.PathLike[str]) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=DPI)
     return out
+
+
+def _draw_curves(
+    ax: Any,
+    curves: Sequence[Curve],
+    *,
+    baseline: tuple[str, float, float] | None,
+    xscale: str | None,
+    categorical_x: bool,
+    xticklabels: Sequence[str] | None,
+    errorbars: bool,
+) -> None:
+    ticks = list(curves[0].x) if curves and categorical_x else []
+    for curve in curves:
+        xs: list[float] = (
+            [float(ticks.index(v)) for v in curve.x] if categorical_x else list(curve.x)
+        )
+        if errorbars:
+            ax.errorbar(xs, curve.mean, yerr=curve.std, marker="o", capsize=3, label=curve.label)
+        else:
+            (line,) = ax.plot(xs, curve.mean, marker="o", label=curve.label)
+            lo = [m - s for m, s in zip(curve.mean, curve.std)]
+            hi = [m + s for m, s in zip(curve.mean, curve.std)]
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    if baseline is not None:
+        label, mean, std = baseline
+        ax.axhline(mean, color="black", linestyle="--", linewidth=1, label=label)
+        if std > 0 and not math.isnan(std):
+            ax.axhspan(mean - std, mean + std, color="black", alpha=0.08, linewidth=0)
+    if categorical_x:
+        ax.set_xticks(range(len(ticks)))
+        ax.set_xticklabels(list(xticklabels) if xticklabels else [f"{t:g}" for t in ticks])
+    elif xticklabels is not None:
+        raise ValueError("xticklabels needs categorical_x=True")
+    if xscale:
+        ax.set_xscale(xscale)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
 
 
 def plot_curves(
@@ -81,36 +120,63 @@ def plot_curves(
         errorbars: draw error bars at the points instead of a shaded band.
     """
     fig, ax = _figure()
-    ticks = list(curves[0].x) if curves and categorical_x else []
-    for curve in curves:
-        xs: list[float] = (
-            [float(ticks.index(v)) for v in curve.x] if categorical_x else list(curve.x)
-        )
-        if errorbars:
-            ax.errorbar(xs, curve.mean, yerr=curve.std, marker="o", capsize=3, label=curve.label)
-        else:
-            (line,) = ax.plot(xs, curve.mean, marker="o", label=curve.label)
-            lo = [m - s for m, s in zip(curve.mean, curve.std)]
-            hi = [m + s for m, s in zip(curve.mean, curve.std)]
-            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-    if baseline is not None:
-        label, mean, std = baseline
-        ax.axhline(mean, color="black", linestyle="--", linewidth=1, label=label)
-        if std > 0 and not math.isnan(std):
-            ax.axhspan(mean - std, mean + std, color="black", alpha=0.08, linewidth=0)
-    if categorical_x:
-        ax.set_xticks(range(len(ticks)))
-        ax.set_xticklabels(list(xticklabels) if xticklabels else [f"{t:g}" for t in ticks])
-    elif xticklabels is not None:
-        raise ValueError("xticklabels needs categorical_x=True")
-    if xscale:
-        ax.set_xscale(xscale)
+    _draw_curves(
+        ax,
+        curves,
+        baseline=baseline,
+        xscale=xscale,
+        categorical_x=categorical_x,
+        xticklabels=xticklabels,
+        errorbars=errorbars,
+    )
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_panels(
+    panels: Sequence[tuple[str, Sequence[Curve]]],
+    path: str | os.PathLike[str],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str | None = None,
+    categorical_x: bool = False,
+    xticklabels: Sequence[str] | None = None,
+) -> Path:
+    """Side-by-side panels of :func:`plot_curves`, each with its own y range.
+
+    Args:
+        panels: ``(panel title, curves)`` pairs, drawn left to right.
+        path: the PNG to write.
+        xlabel: x-axis label of every panel.
+        ylabel: y-axis label of the first panel.
+        title: the figure's title.
+        categorical_x: as in :func:`plot_curves`.
+        xticklabels: as in :func:`plot_curves`.
+    """
+    if not panels:
+        raise ValueError("nothing to plot: no panel given")
+    fig, _ = _figure(width=max(6.4, 3.4 * len(panels)), height=3.8)
+    fig.clear()
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (panel_title, curves) in zip(axes, panels):
+        _draw_curves(
+            ax,
+            curves,
+            baseline=None,
+            xscale=None,
+            categorical_x=categorical_x,
+            xticklabels=xticklabels,
+            errorbars=False,
+        )
+        ax.set_title(panel_title, fontsize="medium")
+        ax.set_xlabel(xlabel)
+    axes[0].set_ylabel(ylabel)
+    if title:
+        fig.suptitle(title)
     return _save(fig, path)
 
 
