@@ -45,6 +45,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -115,8 +116,9 @@ LOG_INTERVAL_S = 30.0
 #: Refresh the bar's loss/accuracy (a host sync) this many times per epoch.
 BAR_REFRESHES_PER_EPOCH = 20
 
-#: Called at the end of every epoch with (epochs completed, model, pruner or
-#: None, that epoch's metrics), after the checkpoint is written.
+#: Called at the end of every epoch, after the evaluation and before the
+#: checkpoint, with (epochs completed, model, pruner or None, that epoch's
+#: metrics). Keys a callback adds to the metrics go to ``metrics.jsonl``.
 EpochCallback = Callable[[int, nn.Module, Any, dict[str, Any]], None]
 
 
@@ -583,6 +585,14 @@ def _run_logging(run_dir: Path | None) -> Iterator[None]:
         pkg.addHandler(handler)
     try:
         yield
+    except BaseException as err:
+        if handler is not None:  # the console shows the error; the file keeps it too
+            handler.handle(
+                logger.makeRecord(
+                    logger.name, logging.ERROR, __file__, 0, "run failed: %r", (err,), None
+                )
+            )
+        raise
     finally:
         if handler is not None:
             pkg.removeHandler(handler)
@@ -649,6 +659,402 @@ def _save_model(model: nn.Module, spec: dict[str, Any], run_dir: Path) -> Path:
     return path
 
 
+@dataclass
+class _Session:
+    """Everything one training session works with (built by ``_setup``)."""
+
+    config: TrainConfig
+    run_dir: Path
+    ctx: DistContext
+    device: torch.device
+    bundle: Any
+    model: nn.Module
+    spec: dict[str, Any]
+    pruner: Any | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    amp_dtype: torch.dtype
+    steps_per_epoch: int
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer steps completed
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Mixed precision when the config asks for it (CUDA only), else a no-op."""
+        return torch.autocast(
+            device_type=self.device.type, dtype=self.amp_dtype, enabled=self.config.amp
+        )
+
+
+def _setup(
+    config: TrainConfig,
+    run_dir: Path,
+    *,
+    device: torch.device,
+    ctx: DistContext,
+    checkpoint: dict[str, Any] | None,
+    load_dataset: Callable[..., Any],
+    create_model: Callable[..., nn.Module],
+) -> _Session:
+    """Seed, load the data, build model, pruner, optimizer and LR schedule; restore a checkpoint."""
+    _seed_everything(config.seed)
+    if config.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = not config.deterministic
+
+    bundle = load_dataset(
+        config.dataset,
+        data_dir=config.data_dir,
+        batch_size=config.batch_size,
+        eval_batch_size=config.eval_batch_size,
+        device=device,
+        seed=config.seed,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        num_workers=config.num_workers,
+        **config.data_options,
+    )
+    model = create_model(config.model, num_classes=bundle.num_classes, **config.model_kwargs)
+    fallback_spec = {"name": config.model, "kwargs": {"num_classes": bundle.num_classes}}
+    spec = dict(getattr(model, "feather_model_spec", fallback_spec))
+    model.to(device)
+    if checkpoint is not None:
+        # The checkpoint holds plain (dense) keys: load them before attaching the Pruner.
+        model.load_state_dict(checkpoint["model"])
+    steps_per_epoch = len(bundle.train)
+    pruner = build_pruner(config, model, config.epochs * steps_per_epoch)
+    if checkpoint is not None and pruner is not None:
+        if checkpoint["pruner"] is None:
+            raise ValueError("cannot resume: the checkpoint is of a dense run")
+        pruner.load_state_dict(checkpoint["pruner"])
+    # (The DDP helper wraps `model` here; the Pruner keeps the bare module.)
+    optimizer = build_optimizer(config, model, pruner)
+    amp_dtype = torch.bfloat16 if config.amp_dtype == "bfloat16" else torch.float16
+    session = _Session(
+        config=config,
+        run_dir=run_dir,
+        ctx=ctx,
+        device=device,
+        bundle=bundle,
+        model=model,
+        spec=spec,
+        pruner=pruner,
+        optimizer=optimizer,
+        scheduler=build_lr_scheduler(config, optimizer, steps_per_epoch),
+        # float16 needs loss scaling; bfloat16 has float32's range and does not.
+        scaler=torch.amp.GradScaler(
+            "cuda", enabled=config.amp and amp_dtype == torch.float16 and device.type == "cuda"
+        ),
+        amp_dtype=amp_dtype,
+        steps_per_epoch=steps_per_epoch,
+    )
+    if checkpoint is not None:
+        _restore(session, checkpoint)
+    return session
+
+
+def _restore(session: _Session, checkpoint: dict[str, Any]) -> None:
+    """Optimizer, LR schedule, loss scaler, counters and RNG states from a checkpoint."""
+    session.optimizer.load_state_dict(checkpoint["optimizer"])
+    session.scheduler.load_state_dict(checkpoint["lr_scheduler"])
+    if checkpoint.get("scaler"):
+        session.scaler.load_state_dict(checkpoint["scaler"])
+    session.epoch, session.step = int(checkpoint["epoch"]), int(checkpoint["step"])
+    if session.step != session.epoch * session.steps_per_epoch:
+        raise ValueError(
+            f"cannot resume: the checkpoint is at step {session.step} after {session.epoch} "
+            f"epochs, but an epoch now has {session.steps_per_epoch} steps "
+            "(did the data set change?)"
+        )
+    _set_rng_state(checkpoint["rng"])
+    if session.ctx.is_main:
+        session.history = _trim_metrics(session.metrics_file, session.epoch)
+    logger.info(
+        "resuming %s after epoch %d (step %d)", session.run_dir, session.epoch, session.step
+    )
+
+
+def _write_run_info(s: _Session) -> None:
+    """``config.json``: the resolved config, the model spec, data facts and the Pruner's config."""
+    bundle = s.bundle
+    _write_json(
+        s.run_dir / "config.json",
+        {
+            "format": RUN_FORMAT,
+            "version": __version__,
+            "torch": torch.__version__,
+            "config": s.config.to_dict(),
+            "model": s.spec,
+            "data": {
+                "name": bundle.name,
+                "num_classes": bundle.num_classes,
+                "input_shape": list(bundle.input_shape),
+                "train_size": bundle.train_size,
+                "test_size": bundle.test_size,
+            },
+            "pruner": s.pruner.config() if s.pruner is not None else None,
+            "device": str(s.device),
+            "world_size": s.ctx.world_size,
+            "steps_per_epoch": s.steps_per_epoch,
+            "total_steps": s.config.epochs * s.steps_per_epoch,
+        },
+    )
+
+
+def _train_epoch(s: _Session, progress: bool) -> tuple[float, float]:
+    """One pass over the training data; returns its mean loss and accuracy."""
+    config, pruner = s.config, s.pruner
+    s.bundle.train.set_epoch(s.epoch)
+    s.model.train()
+    params = [p for group in s.optimizer.param_groups for p in group["params"]]
+    refresh = max(1, s.steps_per_epoch // BAR_REFRESHES_PER_EPOCH)
+    stats = torch.zeros(3, dtype=torch.float64, device=s.device)  # loss sum, correct, samples
+    bar = _Progress(s.steps_per_epoch, f"epoch {s.epoch + 1}/{config.epochs}", progress)
+    try:
+        for i, (x, y) in enumerate(s.bundle.train):
+            with s.autocast():
+                out = s.model(x)
+                loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
+            # The backbone's extra loss term (ASL+'s sparsity loss; 0 for global).
+            total = loss if pruner is None else loss + pruner.regularizer()
+            s.optimizer.zero_grad(set_to_none=True)
+            s.scaler.scale(total).backward()
+            if config.grad_clip is not None:
+                s.scaler.unscale_(s.optimizer)
+                torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+            s.scaler.step(s.optimizer)
+            s.scaler.update()
+            s.scheduler.step()
+            if pruner is not None:
+                pruner.step()  # new thresholds from the updated weights
+            s.step += 1
+            with torch.no_grad():
+                stats[0] += loss.detach().double() * y.numel()
+                stats[1] += (out.argmax(dim=1) == y).sum()
+                stats[2] += y.numel()
+            shown = None
+            if (i + 1) % refresh == 0 or i + 1 == s.steps_per_epoch:  # one host sync
+                loss_sum, correct, seen = stats.tolist()
+                shown = {"loss": f"{loss_sum / seen:.4f}", "acc": f"{correct / seen:.2%}"}
+                if pruner is not None:
+                    shown["sparsity"] = f"{pruner.scheduled_sparsity():.3f}"
+                    shown["thr"] = f"{_threshold_value(pruner):.3g}"
+            bar.update(i + 1, shown)
+    finally:
+        bar.close()
+    loss_sum, correct, seen = _all_reduce_sum(stats, s.ctx).tolist()
+    return loss_sum / seen, correct / seen
+
+
+def _checkpoint_state(s: _Session, metrics: dict[str, Any]) -> dict[str, Any]:
+    """What ``checkpoints/last.pt`` holds after ``s.epoch`` epochs."""
+    pruner = s.pruner
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "checkpoint_version": CHECKPOINT_VERSION,
+        "version": __version__,
+        "epoch": s.epoch,
+        "step": s.step,
+        "config": s.config.to_dict(),
+        "model_spec": s.spec,
+        # Plain keys, loadable into the freshly created dense model.
+        "model": pruner.dense_state_dict() if pruner is not None else s.model.state_dict(),
+        "pruner": pruner.state_dict() if pruner is not None else None,
+        "optimizer": s.optimizer.state_dict(),
+        "lr_scheduler": s.scheduler.state_dict(),
+        "scaler": s.scaler.state_dict() if s.scaler.is_enabled() else None,
+        "rng": _rng_state(),
+        "metrics": metrics,
+    }
+
+
+def _log_epoch(row: dict[str, Any], epochs: int) -> None:
+    logger.info(
+        "epoch %d/%d  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  "
+        "sparsity %.4f  thr %.4g  lr %.4g  %.1fs",
+        row["epoch"],
+        epochs,
+        row["train_loss"],
+        100 * row["train_acc"],
+        row["test_loss"],
+        100 * row["test_acc"],
+        row["sparsity"],
+        row["threshold"],
+        row["lr"],
+        row["epoch_time"],
+    )
+
+
+def _finish(s: _Session, writer: Any, started: float) -> TrainResult:
+    """Finalize the Pruner, evaluate the plain model, write the report and the model."""
+    config, pruner = s.config, s.pruner
+    report: PrunerReport | None = None
+    if pruner is not None:
+        pruner.update(pruner.sparsity)  # the thresholds finalize() bakes, for the report
+        report = pruner.report()
+        sparsity = pruner.finalize()
+        table = report.table()
+    else:
+        sparsity = 0.0
+        table = _dense_table(s.model)
+    target = 0.0 if config.dense else config.sparsity
+    test_loss, test_acc = evaluate(s.model, s.bundle.test, autocast=s.autocast, ctx=s.ctx)
+    model_path: Path | None = None
+    if s.ctx.is_main:
+        final = {
+            "final": True,
+            "epoch": s.epoch,
+            "step": s.step,
+            "test_loss": test_loss,
+            "test_acc": test_acc,
+            "sparsity": sparsity,
+            "target_sparsity": target,
+        }
+        with s.metrics_file.open("a") as f:
+            f.write(json.dumps(final) + "\n")
+        title = "dense" if config.dense else f"{config.method}, target sparsity {target:g}"
+        (s.run_dir / "report.md").write_text(
+            f"# {config.recipe}: {config.model} on {config.dataset} ({title})\n\n"
+            f"- final test accuracy: {test_acc:.2%} (loss {test_loss:.4f})\n"
+            f"- achieved sparsity: {sparsity:.2%} of the prunable weights\n"
+            f"- epochs: {s.epoch}, steps: {s.step}\n\n"
+            f"{table}\n"
+        )
+        model_path = _save_model(s.model, s.spec, s.run_dir)
+        if writer is not None:
+            writer.add_scalar("final/test_acc", test_acc, s.epoch)
+            writer.add_scalar("final/sparsity", sparsity, s.epoch)
+    logger.info(
+        "final: test accuracy %.2f%%, sparsity %.4f (target %.4g)", 100 * test_acc, sparsity, target
+    )
+    return TrainResult(
+        run_dir=s.run_dir,
+        config=config,
+        model=s.model,
+        completed=True,
+        epochs=s.epoch,
+        steps=s.step,
+        test_accuracy=test_acc,
+        test_loss=test_loss,
+        sparsity=sparsity,
+        target_sparsity=target,
+        report=report,
+        table=table,
+        model_path=model_path,
+        wall_time=time.perf_counter() - started,
+        history=s.history,
+    )
+
+
+def _train(
+    config: TrainConfig,
+    run_dir: Path,
+    *,
+    device: torch.device,
+    ctx: DistContext,
+    checkpoint: dict[str, Any] | None,
+    stop_after_epoch: int | None,
+    callbacks: Sequence[EpochCallback],
+    progress: bool,
+    started: float,
+    load_dataset: Callable[..., Any],
+    create_model: Callable[..., nn.Module],
+) -> TrainResult:
+    s = _setup(
+        config,
+        run_dir,
+        device=device,
+        ctx=ctx,
+        checkpoint=checkpoint,
+        load_dataset=load_dataset,
+        create_model=create_model,
+    )
+    if ctx.is_main:
+        _write_run_info(s)
+    n_params = sum(p.numel() for p in s.model.parameters())
+    logger.info(
+        "%s: %s (%s params) on %s (%d train / %d test), %d epochs × %d steps, %s, device %s",
+        run_dir,
+        config.model,
+        f"{n_params:,}",
+        config.dataset,
+        s.bundle.train_size,
+        s.bundle.test_size,
+        config.epochs,
+        s.steps_per_epoch,
+        "dense" if s.pruner is None else f"{config.method} to sparsity {config.sparsity:g}",
+        device,
+    )
+    end_epoch = config.epochs if stop_after_epoch is None else min(config.epochs, stop_after_epoch)
+    writer = _tensorboard(run_dir, config.tensorboard) if ctx.is_main else None
+    try:
+        while s.epoch < end_epoch:
+            epoch_start = time.perf_counter()
+            train_loss, train_acc = _train_epoch(s, progress)
+            s.epoch += 1
+            test_loss, test_acc = evaluate(s.model, s.bundle.test, autocast=s.autocast, ctx=ctx)
+            pruner = s.pruner
+            row: dict[str, Any] = {
+                "epoch": s.epoch,
+                "step": s.step,
+                "lr": s.optimizer.param_groups[0]["lr"],
+                "train_loss": train_loss,
+                "train_acc": train_acc,
+                "test_loss": test_loss,
+                "test_acc": test_acc,
+                "sparsity": pruner.sparsity_achieved() if pruner is not None else 0.0,
+                "scheduled_sparsity": pruner.scheduled_sparsity() if pruner is not None else 0.0,
+                "threshold": _threshold_value(pruner) if pruner is not None else 0.0,
+                "epoch_time": time.perf_counter() - epoch_start,
+            }
+            # Callbacks run before the checkpoint, so that what they change
+            # (weights, RNG draws, keys added to `row`) is saved and resumed.
+            for callback in callbacks:
+                callback(s.epoch, s.model, s.pruner, row)
+            s.history.append(row)
+            _log_epoch(row, config.epochs)
+            if ctx.is_main:
+                save_checkpoint(_checkpoint_state(s, row), checkpoint_path(run_dir))
+                with s.metrics_file.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                if writer is not None:
+                    for key, value in row.items():
+                        if key not in ("epoch", "step") and isinstance(value, (int, float)):
+                            writer.add_scalar(key, value, s.epoch)
+                    writer.flush()
+
+        if s.epoch < config.epochs:
+            logger.info("stopped after epoch %d of %d (resumable)", s.epoch, config.epochs)
+            last = s.history[-1] if s.history else {}
+            return TrainResult(
+                run_dir=run_dir,
+                config=config,
+                model=s.model,
+                completed=False,
+                epochs=s.epoch,
+                steps=s.step,
+                test_accuracy=last.get("test_acc", float("nan")),
+                test_loss=last.get("test_loss", float("nan")),
+                sparsity=s.pruner.sparsity_achieved() if s.pruner is not None else 0.0,
+                target_sparsity=0.0 if config.dense else config.sparsity,
+                report=None,
+                table="",
+                model_path=None,
+                wall_time=time.perf_counter() - started,
+                history=s.history,
+            )
+        return _finish(s, writer, started)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
 def train(
     config: TrainConfig,
     run_dir: str | os.PathLike[str] | None = None,
@@ -681,12 +1087,16 @@ def train(
         FileNotFoundError: for missing data or a missing checkpoint.
     """
     from feather_sparse.data import DATASETS, load_dataset
-    from feather_sparse.models import create_model
+    from feather_sparse.models import create_model, model_info
 
     started = time.perf_counter()
     ctx = distributed_context()
 
     # --- check everything cheap before any work -------------------------------
+    try:
+        model_info(config.model)
+    except ValueError as err:
+        raise ValueError(f"model: {err}") from None
     if config.model_kwargs.get("num_classes") is not None:
         raise ValueError("model_kwargs: num_classes comes from the data set; do not set it")
     if config.dataset not in DATASETS:
@@ -719,344 +1129,38 @@ def train(
             f"{run_path} already holds a run (checkpoints/last.pt); resume it with "
             "--resume, or choose another --run-dir"
         )
+    created = not run_path.exists()
     if ctx.is_main:
         run_path.mkdir(parents=True, exist_ok=True)
 
-    with _run_logging(run_path if ctx.is_main else None):
-        return _train(
-            config,
-            run_path,
-            device=device,
-            ctx=ctx,
-            checkpoint=checkpoint,
-            stop_after_epoch=stop_after_epoch,
-            callbacks=callbacks,
-            progress=_use_bar(progress) and ctx.is_main,
-            started=started,
-            load_dataset=load_dataset,
-            create_model=create_model,
-        )
-
-
-def _train(
-    config: TrainConfig,
-    run_dir: Path,
-    *,
-    device: torch.device,
-    ctx: DistContext,
-    checkpoint: dict[str, Any] | None,
-    stop_after_epoch: int | None,
-    callbacks: Sequence[EpochCallback],
-    progress: bool,
-    started: float,
-    load_dataset: Callable[..., Any],
-    create_model: Callable[..., nn.Module],
-) -> TrainResult:
-    # --- seeds and determinism ---------------------------------------------------
-    _seed_everything(config.seed)
-    if config.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = not config.deterministic
-
-    # --- data and model ---------------------------------------------------------
-    bundle = load_dataset(
-        config.dataset,
-        data_dir=config.data_dir,
-        batch_size=config.batch_size,
-        eval_batch_size=config.eval_batch_size,
-        device=device,
-        seed=config.seed,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        num_workers=config.num_workers,
-        **config.data_options,
-    )
-    model = create_model(config.model, num_classes=bundle.num_classes, **config.model_kwargs)
-    spec = dict(
-        getattr(
-            model,
-            "feather_model_spec",
-            {"name": config.model, "kwargs": {"num_classes": bundle.num_classes}},
-        )
-    )
-    model.to(device)
-    if checkpoint is not None:
-        # The checkpoint holds plain (dense) keys: load before attaching the Pruner.
-        model.load_state_dict(checkpoint["model"])
-    steps_per_epoch = len(bundle.train)
-    total_steps = config.epochs * steps_per_epoch
-    pruner = build_pruner(config, model, total_steps)
-    if checkpoint is not None and pruner is not None:
-        if checkpoint["pruner"] is None:
-            raise ValueError("cannot resume: the checkpoint is of a dense run")
-        pruner.load_state_dict(checkpoint["pruner"])
-    # (The DDP helper wraps `model` here; the Pruner must see the bare module.)
-    optimizer = build_optimizer(config, model, pruner)
-    scheduler = build_lr_scheduler(config, optimizer, steps_per_epoch)
-    amp_dtype = torch.bfloat16 if config.amp_dtype == "bfloat16" else torch.float16
-    scaler = torch.amp.GradScaler(
-        "cuda", enabled=config.amp and amp_dtype == torch.float16 and device.type == "cuda"
-    )
-
-    def autocast() -> contextlib.AbstractContextManager[Any]:
-        return torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=config.amp)
-
-    start_epoch = step = 0
-    history: list[dict[str, Any]] = []
-    metrics_file = run_dir / "metrics.jsonl"
-    if checkpoint is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["lr_scheduler"])
-        if checkpoint.get("scaler"):
-            scaler.load_state_dict(checkpoint["scaler"])
-        start_epoch, step = int(checkpoint["epoch"]), int(checkpoint["step"])
-        if step != start_epoch * steps_per_epoch:
-            raise ValueError(
-                f"cannot resume: the checkpoint is at step {step} after {start_epoch} epochs, "
-                f"but an epoch now has {steps_per_epoch} steps (did the data set change?)"
-            )
-        _set_rng_state(checkpoint["rng"])
-        if ctx.is_main:
-            history = _trim_metrics(metrics_file, start_epoch)
-        logger.info("resuming %s after epoch %d (step %d)", run_dir, start_epoch, step)
-
-    n_params = sum(p.numel() for p in model.parameters())
-    if ctx.is_main:
-        _write_json(
-            run_dir / "config.json",
-            {
-                "format": RUN_FORMAT,
-                "version": __version__,
-                "torch": torch.__version__,
-                "config": config.to_dict(),
-                "model": spec,
-                "data": {
-                    "name": bundle.name,
-                    "num_classes": bundle.num_classes,
-                    "input_shape": list(bundle.input_shape),
-                    "train_size": bundle.train_size,
-                    "test_size": bundle.test_size,
-                },
-                "pruner": pruner.config() if pruner is not None else None,
-                "device": str(device),
-                "world_size": ctx.world_size,
-                "steps_per_epoch": steps_per_epoch,
-                "total_steps": total_steps,
-            },
-        )
-    logger.info(
-        "%s: %s (%s params) on %s (%d train / %d test), %d epochs × %d steps, %s, device %s",
-        run_dir,
-        config.model,
-        f"{n_params:,}",
-        config.dataset,
-        bundle.train_size,
-        bundle.test_size,
-        config.epochs,
-        steps_per_epoch,
-        "dense" if pruner is None else f"{config.method} to sparsity {config.sparsity:g}",
-        device,
-    )
-
-    writer = _tensorboard(run_dir, config.tensorboard) if ctx.is_main else None
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    refresh = max(1, steps_per_epoch // BAR_REFRESHES_PER_EPOCH)
-    last_epoch_end = stop_after_epoch if stop_after_epoch is not None else config.epochs
-    end_epoch = min(config.epochs, last_epoch_end)
-    test_loss = test_acc = float("nan")
-    if history:
-        test_loss, test_acc = history[-1]["test_loss"], history[-1]["test_acc"]
-
+    threads = torch.get_num_threads()
+    if config.threads is not None:
+        # Small models train fastest on one thread; kernels of a few thousand
+        # elements lose more to thread hand-offs than they gain.
+        torch.set_num_threads(config.threads)
     try:
-        for epoch in range(start_epoch, end_epoch):
-            epoch_start = time.perf_counter()
-            bundle.train.set_epoch(epoch)
-            model.train()
-            stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, n
-            bar = _Progress(steps_per_epoch, f"epoch {epoch + 1}/{config.epochs}", progress)
-            try:
-                for i, (x, y) in enumerate(bundle.train):
-                    with autocast():
-                        out = model(x)
-                        loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
-                    total_loss = loss if pruner is None else loss + pruner.regularizer()
-                    optimizer.zero_grad(set_to_none=True)
-                    scaler.scale(total_loss).backward()
-                    if config.grad_clip is not None:
-                        scaler.unscale_(optimizer)
-                        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-                    scaler.step(optimizer)
-                    scaler.update()
-                    scheduler.step()
-                    if pruner is not None:
-                        pruner.step()
-                    step += 1
-                    with torch.no_grad():
-                        stats[0] += loss.detach().double() * y.numel()
-                        stats[1] += (out.argmax(dim=1) == y).sum()
-                        stats[2] += y.numel()
-                    shown = None
-                    if (i + 1) % refresh == 0 or i + 1 == steps_per_epoch:
-                        s = stats.tolist()
-                        shown = {"loss": f"{s[0] / s[2]:.4f}", "acc": f"{s[1] / s[2]:.2%}"}
-                        if pruner is not None:
-                            shown["sparsity"] = f"{pruner.scheduled_sparsity():.3f}"
-                            shown["thr"] = f"{_threshold_value(pruner):.3g}"
-                    bar.update(i + 1, shown)
-            finally:
-                bar.close()
-
-            train_loss, train_correct, seen = _all_reduce_sum(stats, ctx).tolist()
-            test_loss, test_acc = evaluate(model, bundle.test, autocast=autocast, ctx=ctx)
-            row: dict[str, Any] = {
-                "epoch": epoch + 1,
-                "step": step,
-                "lr": optimizer.param_groups[0]["lr"],
-                "train_loss": train_loss / seen,
-                "train_acc": train_correct / seen,
-                "test_loss": test_loss,
-                "test_acc": test_acc,
-                "sparsity": pruner.sparsity_achieved() if pruner is not None else 0.0,
-                "scheduled_sparsity": pruner.scheduled_sparsity() if pruner is not None else 0.0,
-                "threshold": _threshold_value(pruner) if pruner is not None else 0.0,
-                "epoch_time": time.perf_counter() - epoch_start,
-            }
-            history.append(row)
-            logger.info(
-                "epoch %d/%d  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  "
-                "sparsity %.4f  thr %.4g  lr %.4g  %.1fs",
-                epoch + 1,
-                config.epochs,
-                row["train_loss"],
-                100 * row["train_acc"],
-                test_loss,
-                100 * test_acc,
-                row["sparsity"],
-                row["threshold"],
-                row["lr"],
-                row["epoch_time"],
+        with _run_logging(run_path if ctx.is_main else None):
+            return _train(
+                config,
+                run_path,
+                device=device,
+                ctx=ctx,
+                checkpoint=checkpoint,
+                stop_after_epoch=stop_after_epoch,
+                callbacks=callbacks,
+                progress=_use_bar(progress) and ctx.is_main,
+                started=started,
+                load_dataset=load_dataset,
+                create_model=create_model,
             )
-            if ctx.is_main:
-                save_checkpoint(
-                    {
-                        "format": CHECKPOINT_FORMAT,
-                        "checkpoint_version": CHECKPOINT_VERSION,
-                        "version": __version__,
-                        "epoch": epoch + 1,
-                        "step": step,
-                        "config": config.to_dict(),
-                        "model_spec": spec,
-                        "model": pruner.dense_state_dict()
-                        if pruner is not None
-                        else model.state_dict(),
-                        "pruner": pruner.state_dict() if pruner is not None else None,
-                        "optimizer": optimizer.state_dict(),
-                        "lr_scheduler": scheduler.state_dict(),
-                        "scaler": scaler.state_dict() if scaler.is_enabled() else None,
-                        "rng": _rng_state(),
-                        "metrics": row,
-                    },
-                    checkpoint_path(run_dir),
-                )
-                with metrics_file.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                if writer is not None:
-                    for key, value in row.items():
-                        if key not in ("epoch", "step"):
-                            writer.add_scalar(key, value, epoch + 1)
-                    writer.flush()
-            for callback in callbacks:
-                callback(epoch + 1, model, pruner, row)
-
-        completed = end_epoch == config.epochs
-        if not completed:
-            logger.info(
-                "stopped after epoch %d of %d (resume to continue)", end_epoch, config.epochs
-            )
-            sparsity = pruner.sparsity_achieved() if pruner is not None else 0.0
-            return TrainResult(
-                run_dir=run_dir,
-                config=config,
-                model=model,
-                completed=False,
-                epochs=end_epoch,
-                steps=step,
-                test_accuracy=test_acc,
-                test_loss=test_loss,
-                sparsity=sparsity,
-                target_sparsity=0.0 if config.dense else config.sparsity,
-                report=None,
-                table="",
-                model_path=None,
-                wall_time=time.perf_counter() - started,
-                history=history,
-            )
-
-        # --- the end: finalize, evaluate the plain model, report, export --------
-        report: PrunerReport | None = None
-        if pruner is not None:
-            pruner.update(pruner.sparsity)  # the thresholds finalize() will bake
-            report = pruner.report()
-            sparsity = pruner.finalize()
-            table = report.table()
-        else:
-            sparsity = 0.0
-            table = _dense_table(model)
-        test_loss, test_acc = evaluate(model, bundle.test, autocast=autocast, ctx=ctx)
-        final = {
-            "final": True,
-            "epoch": config.epochs,
-            "step": step,
-            "test_loss": test_loss,
-            "test_acc": test_acc,
-            "sparsity": sparsity,
-            "target_sparsity": 0.0 if config.dense else config.sparsity,
-        }
-        model_path: Path | None = None
-        if ctx.is_main:
-            with metrics_file.open("a") as f:
-                f.write(json.dumps(final) + "\n")
-            title = (
-                "dense" if config.dense else f"{config.method}, target sparsity {config.sparsity:g}"
-            )
-            (run_dir / "report.md").write_text(
-                f"# {config.recipe}: {config.model} on {config.dataset} ({title})\n\n"
-                f"- final test accuracy: {test_acc:.2%} (loss {test_loss:.4f})\n"
-                f"- achieved sparsity: {sparsity:.2%} of the prunable weights\n"
-                f"- epochs: {config.epochs}, steps: {step}\n\n"
-                f"{table}\n"
-            )
-            model_path = _save_model(model, spec, run_dir)
-            if writer is not None:
-                writer.add_scalar("final/test_acc", test_acc, config.epochs)
-                writer.add_scalar("final/sparsity", sparsity, config.epochs)
-        logger.info(
-            "final: test accuracy %.2f%%, sparsity %.4f (target %.4g)",
-            100 * test_acc,
-            sparsity,
-            0.0 if config.dense else config.sparsity,
-        )
-        return TrainResult(
-            run_dir=run_dir,
-            config=config,
-            model=model,
-            completed=True,
-            epochs=config.epochs,
-            steps=step,
-            test_accuracy=test_acc,
-            test_loss=test_loss,
-            sparsity=sparsity,
-            target_sparsity=0.0 if config.dense else config.sparsity,
-            report=report,
-            table=table,
-            model_path=model_path,
-            wall_time=time.perf_counter() - started,
-            history=history,
-        )
+    except BaseException:
+        # A run that failed before its first checkpoint (bad data path, ...)
+        # leaves no half-made folder behind when this call created it.
+        if created and ctx.is_main and not ckpt_file.exists():
+            shutil.rmtree(run_path, ignore_errors=True)
+        raise
     finally:
-        if writer is not None:
-            writer.close()
+        torch.set_num_threads(threads)
 
 
 def resume_config(

@@ -113,6 +113,7 @@ class TrainConfig:
     # --- reproducibility, hardware -------------------------------------------
     seed: int = _f(0, "seed of the model init, data order and augmentation")
     device: str = _f("auto", "auto (CUDA when available), cpu, cuda, cuda:N")
+    threads: int | None = _f(None, "CPU threads of torch's kernels (none: torch's default)")
     deterministic: bool = _f(False, "force deterministic kernels (slower on CUDA)")
     tensorboard: bool = _f(True, "write TensorBoard logs when tensorboard is installed")
     # --- sparsity -------------------------------------------------------------
@@ -143,6 +144,8 @@ class TrainConfig:
         _positive(self, "epochs", "batch_size", "update_every")
         if self.eval_batch_size is not None:
             _positive(self, "eval_batch_size")
+        if self.threads is not None:
+            _positive(self, "threads")
         _non_negative(self, "num_workers", "seed", "weight_decay", "warmup_epochs", "min_lr", "lr")
         if self.lr == 0:
             raise ValueError("lr must be > 0, got 0")
