@@ -91,7 +91,7 @@ STABILITY_SPARSITY = 0.98
 DEFAULT_SEEDS = (0, 1, 2)
 
 #: ``--quick``: the smallest run that still exercises every code path.
-QUICK_OVERRIDES: Mapping[str, Any] = {"epochs": 2, "batch_size": 1000}
+QUICK_OVERRIDES: Mapping[str, Any] = {"epochs": 2}
 QUICK_SPARSITIES = (0.95,)
 #: Config fields every bench run sets (no TensorBoard files per run).
 BENCH_OVERRIDES: Mapping[str, Any] = {"tensorboard": False}
@@ -116,8 +116,9 @@ class BenchOptions:
         ps: p values of ``p``; ``None`` for the default.
         methods: labels of ``compare``'s methods to run; ``None`` for all.
         quick: a CI-sized smoke run (2 epochs, one seed, one sparsity).
-        jobs: parallel training processes; 0 = usable cores // ``threads``.
-        threads: torch threads per run.
+        jobs: parallel training processes; 0 = automatic (see :meth:`worker_count`).
+        threads: torch CPU threads per run (the config field ``threads``);
+            ``None`` keeps the recipe's.
         out: folder of the tables, plots and raw results.
         runs_dir: folder of the per-run outputs; default ``out/runs``.
         force: re-run runs that already have a result.
@@ -134,7 +135,7 @@ class BenchOptions:
     methods: tuple[str, ...] | None = None
     quick: bool = False
     jobs: int = 0
-    threads: int = 1
+    threads: int | None = None
     out: Path = Path("results")
     runs_dir: Path | None = None
     force: bool = False
@@ -154,8 +155,10 @@ class BenchOptions:
         for p in self.ps or ():
             if not p >= 1.0:
                 raise ValueError(f"ps must be >= 1 (1 = soft, inf = hard), got {p}")
-        if self.jobs < 0 or self.threads < 1:
-            raise ValueError(f"need jobs >= 0 and threads >= 1, got {self.jobs}, {self.threads}")
+        if self.jobs < 0:
+            raise ValueError(f"jobs must be >= 0 (0 = automatic), got {self.jobs}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
 
     @property
     def run_seeds(self) -> tuple[int, ...]:
@@ -172,11 +175,35 @@ class BenchOptions:
     def runs_path(self) -> Path:
         return self.runs_dir if self.runs_dir is not None else self.out / "runs"
 
+    def base_config(self) -> Any:
+        """The ``TrainConfig`` every run starts from (recipe, bench settings, overrides)."""
+        from feather_sparse.recipes import load_config
+
+        return load_config(self.recipe, self.base_overrides())
+
+    def base_overrides(self) -> dict[str, Any]:
+        """Config fields set for every run: bench settings < ``--quick`` < the user's."""
+        values: dict[str, Any] = dict(BENCH_OVERRIDES)
+        if self.quick:
+            values.update(QUICK_OVERRIDES)
+        if self.threads is not None:
+            values["threads"] = self.threads
+        values.update(self.overrides)
+        return values
+
     def worker_count(self) -> int:
-        """Parallel processes: ``jobs``, or the usable cores divided by ``threads``."""
+        """Parallel processes: ``jobs`` if given; else one per run on a GPU, one
+        when runs use all cores (``threads`` unset), and otherwise the usable
+        cores divided by each run's threads."""
         if self.jobs:
             return self.jobs
-        return max(1, _usable_cpus() // self.threads)
+        base = self.base_config()
+        device = str(base.device)
+        if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+            return 1
+        if base.threads is None:
+            return 1
+        return max(1, _usable_cpus() // int(base.threads))
 
 
 def _usable_cpus() -> int:
@@ -303,10 +330,7 @@ def _config_dict(opts: BenchOptions, spec: RunSpec) -> dict[str, Any]:
             f"{', '.join(clash)}: set by the experiment for each run (it is what it varies); "
             "drop the override"
         )
-    values: dict[str, Any] = dict(BENCH_OVERRIDES)
-    if opts.quick:
-        values.update(QUICK_OVERRIDES)
-    values.update(opts.overrides)
+    values = opts.base_overrides()
     values.update(spec.settings)
     values["seed"] = spec.seed
     return load_config(opts.recipe, values).to_dict()
@@ -321,7 +345,7 @@ def run_key(config: Mapping[str, Any]) -> str:
     return f"{method}-s{sparsity:g}-seed{config.get('seed')}-{digest}"
 
 
-def _execute(config: dict[str, Any], run_dir: str, threads: int) -> dict[str, Any]:
+def _execute(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """Train one run and measure it; the body of every worker process.
 
     Module-level so that a spawned process can import and call it. Returns
@@ -334,9 +358,12 @@ def _execute(config: dict[str, Any], run_dir: str, threads: int) -> dict[str, An
 
     path = Path(run_dir)
     key = path.name
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
     started = time.perf_counter()
+    # Each run logs into its own RUN_DIR/train.log (train() attaches that
+    # handler); keep the console for the sweep's one line per run.
+    package_logger = logging.getLogger("feather_sparse")
+    propagate = package_logger.propagate
+    package_logger.propagate = False
     try:
         if path.exists():  # an unfinished earlier attempt: train() refuses to overwrite it
             shutil.rmtree(path)
@@ -377,7 +404,7 @@ def _execute(config: dict[str, Any], run_dir: str, threads: int) -> dict[str, An
             wall_time=time.perf_counter() - started,
         )
     finally:
-        torch.set_num_threads(previous_threads)
+        package_logger.propagate = propagate
     path.mkdir(parents=True, exist_ok=True)
     data = outcome.to_json()
     (path / "result.json").write_text(json.dumps(data, indent=1) + "\n")
@@ -461,14 +488,11 @@ def execute_runs(
         root.mkdir(parents=True, exist_ok=True)
     if workers <= 1:
         for key, cfg in todo.items():
-            finished(_execute(cfg, str(root / key), opts.threads))
+            finished(_execute(cfg, str(root / key)))
     elif total:
         context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
         with futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            pending = [
-                pool.submit(_execute, cfg, str(root / key), opts.threads)
-                for key, cfg in todo.items()
-            ]
+            pending = [pool.submit(_execute, cfg, str(root / key)) for key, cfg in todo.items()]
             for fut in futures.as_completed(pending):
                 finished(fut.result())
     elapsed = time.perf_counter() - started
@@ -476,8 +500,8 @@ def execute_runs(
 
 
 # ============================================================ tables, summaries
-def machine_description(workers: int | None = None, threads: int | None = None) -> str:
-    """One line naming the software and hardware."""
+def machine_description(workers: int | None = None, threads: int | str | None = None) -> str:
+    """One line naming the hardware (and Python); the library versions are listed apart."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -487,8 +511,6 @@ def machine_description(workers: int | None = None, threads: int | None = None) 
     except OSError:
         pass
     parts = [
-        f"feather-sparse {__version__}",
-        f"torch {torch.__version__}",
         f"Python {platform.python_version()}",
         f"{platform.system()} {platform.machine()}",
         f"{cpu}, {_usable_cpus()} usable cores",
@@ -559,7 +581,12 @@ class Grid:
                     cells.append("")
                     continue
                 mean, std = self.stat(r, c)
-                text = "—" if math.isnan(mean) else f"{fmt.format(mean)} ± {fmt.format(std)}"
+                if math.isnan(mean):
+                    text = "—"
+                elif len(self.values[(r, c)]) == 1:  # one seed: no spread to show
+                    text = fmt.format(mean)
+                else:
+                    text = f"{fmt.format(mean)} ± {fmt.format(std)}"
                 if c in bests and math.isfinite(mean) and fmt.format(mean) == fmt.format(bests[c]):
                     text = f"**{text}**"
                 failed = self.failed.get((r, c), 0)
@@ -653,7 +680,7 @@ def _footer(ctx: Context) -> str:
         "",
         f"- command: `{command}`",
         f"- library: feather-sparse {__version__}, torch {torch.__version__}",
-        f"- machine: {machine_description(ctx.workers, ctx.opts.threads)}",
+        f"- machine: {machine_description(ctx.workers, cfg.get('threads') or 'default')}",
         f"- data and model: {cfg.get('dataset')}, {cfg.get('model')}; recipe "
         f"{cfg.get('recipe')}: {cfg.get('epochs')} epochs, batch {cfg.get('batch_size')}, "
         f"{cfg.get('optimizer')} lr {cfg.get('lr')}, weight decay {cfg.get('weight_decay')}; "
@@ -1376,9 +1403,14 @@ def add_cli_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     )
     run = parser.add_argument_group("running")
     run.add_argument(
-        "--jobs", type=int, default=0, help="parallel runs [usable cores // --threads]"
+        "--jobs",
+        type=int,
+        default=0,
+        help="parallel runs [usable cores // threads per run; 1 on a GPU]",
     )
-    run.add_argument("--threads", type=int, default=1, help="torch threads per run [1]")
+    run.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads per run [the recipe's]"
+    )
     run.add_argument("--out", default="results", help="folder of tables and plots [results]")
     run.add_argument("--runs-dir", default=None, help="folder of the runs [OUT/runs]")
     run.add_argument("--force", action="store_true", help="re-run runs that have results")

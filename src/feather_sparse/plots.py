@@ -44,6 +44,12 @@ def _figure(width: float = 6.4, height: float = 4.2) -> tuple[Any, Any]:
     return fig, fig.add_subplot()
 
 
+def _legend(ax: Any) -> None:
+    """A legend, when anything is labelled (an empty one only warns)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+
+
 def _save(fig: Any, path: str | os.PathLike[str]) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +92,7 @@ def _draw_curves(
     if xscale:
         ax.set_xscale(xscale)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    _legend(ax)
 
 
 def plot_curves(
@@ -193,7 +199,7 @@ def plot_stability(
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    _legend(ax)
     return _save(fig, path)
 
 
@@ -223,7 +229,7 @@ def plot_layer_sparsity(
     if title:
         ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize="small")
+    _legend(ax)
     return _save(fig, path)
 
 
@@ -254,7 +260,7 @@ def plot_flops(
     if title:
         ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize="small")
+    _legend(ax)
     return _save(fig, path)
 
 
@@ -282,11 +288,12 @@ def plot_operator_family(
     for p in ps:
         y = apply_threshold(w, t, p=p)
         name = {1.0: " (soft)", math.inf: " (hard)"}.get(float(p), "")
-        ax.plot(w, y, label=f"p = {p:g}{name}")
+        value = "∞" if math.isinf(p) else f"{p:g}"
+        ax.plot(w, y, label=f"p = {value}{name}")
     ax.set_xlabel("w")
     ax.set_ylabel("P_T(w)")
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    _legend(ax)
     return _save(fig, path)
