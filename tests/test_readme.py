@@ -18,4 +18,5 @@ def test_readme_has_python_snippets() -> None:
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_snippet_runs(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # snippets that write files write them here
-    exec(compile(BLOCKS[index], f"README.md[python block {index}]", "exec"), {"__name__": "__readme__"})
+    code = compile(BLOCKS[index], f"README.md[python block {index}]", "exec")
+    exec(code, {"__name__": "__readme__"})

@@ -1,0 +1,240 @@
+"""What the framework callbacks share: building, stepping, saving and logging a Pruner.
+
+The callbacks differ only in *when* the framework calls them; everything they
+do to the :class:`~feather_sparse.Pruner` lives here, so the two frameworks
+cannot drift apart.
+
+Checkpoint keys. ``torch.nn.utils.parametrize`` moves a pruned layer's weight
+to ``<layer>.parametrizations.weight.original``, so a framework checkpoint of
+the model taken during training would not load into the plain (dense) model
+the framework builds when it resumes — and the Hugging Face Trainer loads
+non-strictly, so the mismatch would pass silently. While a callback is
+attached it therefore registers a ``state_dict`` post-hook and a
+``load_state_dict`` pre-hook on every pruned layer (public ``nn.Module`` hooks)
+that present the stored dense weight under its plain key ``<layer>.weight``,
+exactly as :meth:`~feather_sparse.Pruner.dense_state_dict` does. The
+checkpointed model is then the dense model that training continues from; the
+thresholds, step and schedule position travel in the Pruner's own state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from feather_sparse.pruner import Pruner
+
+__all__ = ["PrunerDriver", "pruner_keyword_arguments"]
+
+logger = logging.getLogger(__name__)
+
+# Supplied by the callback from the trainer, never by the user.
+_FROM_TRAINER = ("model", "total_steps")
+
+_ORIGINAL = "parametrizations.weight.original"
+
+
+def pruner_keyword_arguments() -> list[str]:
+    """The :class:`~feather_sparse.Pruner` arguments a callback accepts (all but model, steps)."""
+    names = inspect.signature(Pruner.__init__).parameters
+    return [n for n in names if n not in ("self", *_FROM_TRAINER)]
+
+
+def _check_kwargs(kwargs: Mapping[str, Any], owner: str) -> None:
+    allowed = pruner_keyword_arguments()
+    for key in kwargs:
+        if key in _FROM_TRAINER:
+            raise ValueError(f"{owner} takes {key} from the trainer; do not pass {key}=")
+        if key not in allowed:
+            raise ValueError(
+                f"{owner} got an unknown argument {key!r}; the Pruner accepts: {', '.join(allowed)}"
+            )
+
+
+def _plain_key_hooks(pruner: Pruner) -> list[RemovableHandle]:
+    """Hooks making every pruned layer's ``state_dict`` use the plain key ``weight``."""
+    handles = []
+    for target in pruner.targets:
+        module = target.module
+
+        def save_hook(
+            module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+        ) -> None:
+            value = state_dict.pop(prefix + _ORIGINAL, None)
+            if value is not None:
+                state_dict[prefix + "weight"] = value
+
+        def load_hook(
+            module: nn.Module,
+            state_dict: dict[str, Any],
+            prefix: str,
+            *args: Any,
+        ) -> None:
+            # Runs before the module and its children load; the renamed entry
+            # then reaches the parametrization's ``original`` like any other key.
+            parametrizations: Any = getattr(module, "parametrizations", None)
+            if parametrizations is None or "weight" not in parametrizations:
+                return
+            if prefix + "weight" in state_dict and prefix + _ORIGINAL not in state_dict:
+                state_dict[prefix + _ORIGINAL] = state_dict.pop(prefix + "weight")
+
+        handles.append(module.register_state_dict_post_hook(save_hook))
+        handles.append(module.register_load_state_dict_pre_hook(load_hook))
+    return handles
+
+
+class PrunerDriver:
+    """Owns the Pruner a callback drives; framework-neutral.
+
+    Args:
+        owner: the callback's name, for error messages.
+        sparsity: the final target sparsity.
+        pruner_kwargs: further :class:`~feather_sparse.Pruner` arguments.
+        finalize: bake the pruned weights in at :meth:`finish` (else detach and
+            leave the dense weights).
+        log_layers: add each layer's sparsity and threshold to :meth:`metrics`.
+
+    Raises:
+        ValueError: for an argument the Pruner does not take.
+    """
+
+    def __init__(
+        self,
+        owner: str,
+        sparsity: float,
+        pruner_kwargs: Mapping[str, Any],
+        finalize: bool = True,
+        log_layers: bool = False,
+    ) -> None:
+        _check_kwargs(pruner_kwargs, owner)
+        self.owner = owner
+        self.sparsity = sparsity
+        self.pruner_kwargs = dict(pruner_kwargs)
+        self.finalize = finalize
+        self.log_layers = log_layers
+        self.pruner: Pruner | None = None
+        self.final_sparsity: float | None = None
+        self._pending: dict[str, Any] | None = None
+        self._handles: list[RemovableHandle] = []
+
+    @property
+    def attached(self) -> bool:
+        """Whether a Pruner is attached to the model now."""
+        return self.pruner is not None and bool(self._handles)
+
+    def attach(self, model: nn.Module, total_steps: int) -> Pruner:
+        """Attach a Pruner laid out on ``total_steps`` optimizer steps, restoring pending state.
+
+        A Pruner this driver still has attached (training started again in the
+        same process, e.g. after an interruption) is first detached without
+        baking — the model keeps the dense weights the trainer has just
+        loaded or left — and a new one is attached, so each training run
+        starts from the trainer's own state.
+
+        Raises:
+            ValueError: for invalid Pruner arguments, a backbone with trainable
+                parameters (the trainer's optimizer and loss would not include
+                them), or a saved state that does not match. The model is left
+                without a Pruner then.
+        """
+        if self.attached:
+            logger.info("%s: detaching the Pruner of the previous run", self.owner)
+            self.reset()
+        pruner = Pruner(model, self.sparsity, total_steps, **self.pruner_kwargs)
+        if pruner.parameters():
+            pruner.remove()
+            raise ValueError(
+                f"backbone {pruner.backbone.name!r} has trainable parameters and a "
+                f"regularizer, which {self.owner} cannot add to the trainer's optimizer "
+                "and loss; use a hand-written loop (see the Pruner docs) or another backbone"
+            )
+        self.pruner = pruner
+        self._handles = _plain_key_hooks(pruner)
+        self.final_sparsity = None
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pruner.load_state_dict(pending)
+            except Exception:
+                self.reset()  # leave the model as it was
+                raise
+        return pruner
+
+    def reset(self) -> None:
+        """Detach the Pruner without baking (dense weights back) and forget it."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self.pruner is not None:
+            with contextlib.suppress(RuntimeError):  # already finalized or removed
+                self.pruner.remove()
+        self.pruner = None
+
+    def step(self) -> None:
+        """One optimizer step happened."""
+        if self.pruner is None or not self.attached:
+            raise RuntimeError(f"{self.owner}: training stepped before the Pruner was attached")
+        self.pruner.step()
+
+    def metrics(self) -> dict[str, float]:
+        """Sparsity and thresholds for the trainer's loggers (one host sync per call).
+
+        Keys: ``feather/sparsity`` (fraction of prunable weights the forward
+        zeroes now), ``feather/scheduled_sparsity`` (what the schedule asks
+        for now), ``feather/threshold`` when every layer shares one threshold
+        (the global backbone) else ``feather/threshold_min`` and
+        ``feather/threshold_max``; with ``log_layers`` also
+        ``feather/sparsity/<layer>`` and ``feather/threshold/<layer>``.
+        """
+        if self.pruner is None or not self.attached:
+            return {}
+        report = self.pruner.report()
+        out = {
+            "feather/sparsity": report.sparsity,
+            "feather/scheduled_sparsity": report.scheduled_sparsity,
+        }
+        values = [row.threshold for row in report.layers]
+        if min(values) == max(values):
+            out["feather/threshold"] = values[0]
+        else:
+            out["feather/threshold_min"] = min(values)
+            out["feather/threshold_max"] = max(values)
+        if self.log_layers:
+            for row in report.layers:
+                out[f"feather/sparsity/{row.name}"] = row.sparsity
+                out[f"feather/threshold/{row.name}"] = row.threshold
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The Pruner's state (or the pending one not yet applied; empty if none)."""
+        if self.attached:
+            assert self.pruner is not None
+            return self.pruner.state_dict()
+        return dict(self._pending or {})
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Keep a saved state; :meth:`attach` restores it into the new Pruner."""
+        self._pending = dict(state) if state else None
+
+    @torch.no_grad()
+    def finish(self) -> float | None:
+        """Finalize (or detach) the Pruner and drop the key hooks; returns the final sparsity."""
+        if self.pruner is None or not self.attached:
+            return self.final_sparsity
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self.finalize:
+            self.final_sparsity = self.pruner.finalize()
+            logger.info("%s: finalized at sparsity %.6f", self.owner, self.final_sparsity)
+        else:
+            self.pruner.remove()
+            logger.info("%s: detached without finalizing (dense weights kept)", self.owner)
+        return self.final_sparsity

@@ -1,0 +1,63 @@
+"""The scripts in ``examples/`` run as written and do what they say."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from torch import nn
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    # Tiny models run fastest on one thread, and on a shared CPU several
+    # threads spin against each other.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_prune_transformer_prunes_the_blocks_and_keeps_embeddings_and_head_dense() -> None:
+    example = load("prune_transformer")
+    result = example.run()  # the script's defaults
+    model = result.model
+    blocks = [m for m in model.blocks.modules() if isinstance(m, nn.Linear)]
+    assert blocks and not any(hasattr(m, "parametrizations") for m in model.modules())
+    n = sum(m.weight.numel() for m in blocks)
+    zeros = sum(int((m.weight == 0).sum()) for m in blocks)
+    assert zeros == round(0.8 * n) and result.sparsity == pytest.approx(0.8, abs=1 / n)
+    assert [row.name for row in result.report.layers] == [
+        name for name, m in model.named_modules() if m in blocks
+    ]
+    for dense in (model.token.weight, model.position.weight, model.head.weight):
+        assert int((dense == 0).sum()) == 0
+    # It learned the chain while being pruned: far below the uniform guess.
+    assert result.loss_end < 0.5 * math.log(example.Config.vocab) < result.loss_start
+    assert result.floor < result.loss_end
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_prune_transformer_script_prints_its_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    example = load("prune_transformer")
+    assert example.main(["--steps", "20", "--sparsity", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "| **total** |" in out and "sparsity of the pruned Linear layers: 50.00%" in out

@@ -1,0 +1,102 @@
+"""The framework-neutral part of the callbacks, on a plain model (no framework needed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from feather_sparse.integrations._common import PrunerDriver, pruner_keyword_arguments
+
+
+def mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def test_accepts_exactly_the_pruners_arguments() -> None:
+    names = pruner_keyword_arguments()
+    assert "model" not in names and "total_steps" not in names
+    assert {"operator", "theta", "backbone", "exclude", "schedule"} <= set(names)
+    PrunerDriver("cb", 0.5, {"exclude": ["2"], "theta": 1.0})
+    with pytest.raises(ValueError, match="unknown argument 'thetta'"):
+        PrunerDriver("cb", 0.5, {"thetta": 1.0})
+
+
+def test_checkpoint_keys_are_the_dense_models_while_attached() -> None:
+    model = mlp()
+    driver = PrunerDriver("cb", 0.5, {})
+    driver.attach(model, total_steps=4)
+    state = model.state_dict()
+    assert set(state) == set(mlp().state_dict())  # "0.weight", not "0.parametrizations..."
+    assert torch.equal(state["0.weight"], model[0].parametrizations.weight.original)
+
+    dense = mlp()
+    dense.load_state_dict(state, strict=True)
+
+    # Plain keys also load back into the attached model, into the dense weights.
+    changed = {k: v + 1 for k, v in state.items()}  # new tensors (state aliases the model)
+    model.load_state_dict(changed, strict=True)
+    assert torch.equal(model[0].parametrizations.weight.original, changed["0.weight"])
+    driver.finish()
+    assert set(model.state_dict()) == set(dense.state_dict())
+
+
+def test_steps_and_metrics_follow_the_pruner() -> None:
+    model = mlp()
+    driver = PrunerDriver("cb", 0.5, {"schedule": "constant"}, log_layers=True)
+    assert driver.metrics() == {}
+    pruner = driver.attach(model, total_steps=2)
+    driver.step()
+    metrics = driver.metrics()
+    assert metrics["feather/scheduled_sparsity"] == 0.5
+    assert metrics["feather/sparsity"] == pytest.approx(pruner.sparsity_achieved())
+    assert metrics["feather/threshold"] == pytest.approx(float(pruner.thresholds()[0]))
+    assert set(metrics) >= {"feather/sparsity/0", "feather/threshold/2"}
+
+
+def test_attaching_again_replaces_the_previous_pruner_and_restores_pending_state() -> None:
+    model = mlp()
+    driver = PrunerDriver("cb", 0.5, {})
+    first = driver.attach(model, total_steps=4)
+    driver.step()
+    driver.step()
+    saved = driver.state_dict()
+    driver.load_state_dict(saved)
+    second = driver.attach(model, total_steps=4)  # e.g. train() again in the same process
+    assert second is not first and second.current_step == 2
+    assert len(model[0].parametrizations.weight) == 1  # one parametrization, not two
+    for a, b in zip(second.thresholds(), saved["thresholds"]):
+        assert torch.equal(a, b)
+
+
+def test_a_state_that_does_not_fit_leaves_the_model_plain() -> None:
+    model = mlp()
+    driver = PrunerDriver("cb", 0.5, {})
+    driver.attach(model, total_steps=4)
+    state = driver.state_dict()
+    driver.finish()
+    other = mlp()
+    driver = PrunerDriver("cb", 0.7, {})
+    driver.load_state_dict(state)
+    with pytest.raises(ValueError, match="sparsity"):
+        driver.attach(other, total_steps=4)
+    assert driver.pruner is None and not driver.attached
+    assert not any(hasattr(m, "parametrizations") for m in other.modules())
+
+
+def test_finish_bakes_or_detaches() -> None:
+    baked, kept = mlp(), mlp()
+    dense_weight = kept[0].weight.detach().clone()
+    driver = PrunerDriver("cb", 0.5, {"schedule": "constant"})
+    driver.attach(baked, total_steps=1)
+    assert driver.finish() == pytest.approx(0.5, abs=1e-2)
+    assert driver.finish() == driver.final_sparsity  # a second call changes nothing
+    n = sum(m.weight.numel() for m in (baked[0], baked[2]))
+    assert sum(int((m.weight == 0).sum()) for m in (baked[0], baked[2])) == round(0.5 * n)
+
+    driver = PrunerDriver("cb", 0.5, {"schedule": "constant"}, finalize=False)
+    driver.attach(kept, total_steps=1)
+    assert driver.finish() is None
+    assert torch.equal(kept[0].weight, dense_weight)
+    assert not hasattr(kept[0], "parametrizations")

@@ -1,0 +1,241 @@
+"""The Hugging Face Trainer callback on a tiny randomly-initialised BERT (no downloads).
+
+One uninterrupted run (gradient accumulation 2, a checkpoint halfway) and one
+run resumed from that checkpoint are shared by the tests through a
+module-scoped fixture; each Trainer run takes a few seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import feather_sparse as fs
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SPARSITY = 0.8
+SAMPLES, BATCH, ACCUMULATION, EPOCHS = 32, 4, 2, 2
+# 32 samples / batch 4 = 8 micro-batches = 4 optimizer steps per epoch.
+OPTIMIZER_STEPS = SAMPLES // BATCH // ACCUMULATION * EPOCHS
+SAVE_STEPS = OPTIMIZER_STEPS // 2
+
+
+def test_importing_the_core_imports_no_framework() -> None:
+    code = (
+        "import sys, feather_sparse, feather_sparse.integrations;"
+        "bad = [m for m in ('transformers', 'lightning', 'pytorch_lightning') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    src = str(Path(fs.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (pip install 'feather-sparse[hf]')"
+)
+pytest.importorskip("accelerate", reason="the Trainer needs accelerate (feather-sparse[hf])")
+
+from transformers import (  # noqa: E402
+    BertConfig,
+    BertForSequenceClassification,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+from feather_sparse.integrations.hf import PRUNER_STATE_NAME, FeatherCallback  # noqa: E402
+
+
+def tiny_bert() -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        num_labels=2,
+    )
+    return BertForSequenceClassification(config)
+
+
+class RandomTokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, 64, (SAMPLES, 16), generator=g)
+        self.labels = torch.randint(0, 2, (SAMPLES,), generator=g)
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.labels[i]}
+
+
+class Recorder(TrainerCallback):
+    """Counts optimizer steps and keeps what it sees, for the assertions."""
+
+    def __init__(self, feather: FeatherCallback) -> None:
+        self.feather = feather
+        self.optimizer_steps = 0
+        self.logs: list[dict[str, float]] = []
+        self.state_at_begin: dict[str, Any] | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        assert self.feather.pruner is not None
+        self.state_at_begin = self.feather.pruner.state_dict()
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.optimizer_steps += 1
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        self.logs.append(dict(logs))
+
+
+def train(
+    output_dir: Path, resume: str | None = None
+) -> tuple[BertForSequenceClassification, FeatherCallback, Recorder, Trainer]:
+    model = tiny_bert()
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=ACCUMULATION,
+        num_train_epochs=EPOCHS,
+        save_steps=SAVE_STEPS,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        log_level="error",
+    )
+    feather = FeatherCallback(SPARSITY, exclude=["classifier"])
+    recorder = Recorder(feather)
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(), callbacks=[recorder])
+    feather.install(trainer)  # first, ahead of the recorder (as of any logger)
+    trainer.train(resume_from_checkpoint=resume)
+    return model, feather, recorder, trainer
+
+
+@dataclass
+class Runs:
+    full: tuple[BertForSequenceClassification, FeatherCallback, Recorder, Trainer]
+    resumed: tuple[BertForSequenceClassification, FeatherCallback, Recorder, Trainer]
+    checkpoint: Path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    out = tmp_path_factory.mktemp("hf")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is fastest, and spares a shared CPU
+    try:
+        full = train(out)
+        checkpoint = out / f"checkpoint-{SAVE_STEPS}"
+        resumed = train(out, resume=str(checkpoint))
+    finally:
+        torch.set_num_threads(threads)
+    return Runs(full, resumed, checkpoint)
+
+
+def pruned_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and not name.startswith("classifier")
+    ]
+
+
+def test_pruner_steps_once_per_optimizer_step(runs: Runs) -> None:
+    _, feather, recorder, trainer = runs.full
+    assert feather.pruner is not None
+    assert trainer.state.max_steps == OPTIMIZER_STEPS
+    assert recorder.optimizer_steps == OPTIMIZER_STEPS
+    assert feather.pruner.current_step == OPTIMIZER_STEPS
+    assert feather.pruner.total_steps == OPTIMIZER_STEPS
+
+
+def test_final_model_is_plain_and_exactly_at_target(runs: Runs) -> None:
+    model, feather, _, _ = runs.full
+    layers = pruned_linears(model)
+    assert layers and not any(hasattr(m, "parametrizations") for _, m in layers)
+    n = sum(m.weight.numel() for _, m in layers)
+    zeros = sum(int((m.weight == 0).sum()) for _, m in layers)
+    assert zeros == round(SPARSITY * n)
+    assert feather.final_sparsity == pytest.approx(zeros / n)
+    assert int((model.classifier.weight == 0).sum()) == 0  # excluded: dense
+    embedding = model.bert.embeddings.word_embeddings.weight[1:]  # row 0: padding, zero
+    assert int((embedding == 0).sum()) == 0
+
+
+def test_logs_follow_the_schedule_and_reach_earlier_callbacks(runs: Runs) -> None:
+    _, feather, recorder, trainer = runs.full
+    assert feather.pruner is not None
+    train_logs = [log for log in trainer.state.log_history if "loss" in log]
+    assert len(train_logs) == OPTIMIZER_STEPS
+    for log in train_logs:
+        step = int(log["step"])
+        assert log["feather/scheduled_sparsity"] == pytest.approx(
+            feather.pruner.scheduled_sparsity(step)
+        )
+        assert abs(log["feather/sparsity"] - log["feather/scheduled_sparsity"]) < 1e-3
+        assert log["feather/threshold"] > 0
+    seen = [log for log in recorder.logs if "loss" in log]
+    assert all("feather/sparsity" in log for log in seen) and len(seen) == OPTIMIZER_STEPS
+
+
+def test_checkpoint_holds_pruner_state_and_loads_into_the_dense_model(runs: Runs) -> None:
+    state = torch.load(runs.checkpoint / PRUNER_STATE_NAME, weights_only=True)
+    assert state["step"] == SAVE_STEPS
+    from safetensors.torch import load_file
+
+    weights = load_file(str(runs.checkpoint / "model.safetensors"))
+    assert not any("parametrizations" in k for k in weights)
+    dense = tiny_bert()
+    dense.load_state_dict(weights, strict=True)  # plain keys: the dense model's own
+
+
+def test_resume_restores_the_pruner_and_continues_identically(runs: Runs) -> None:
+    saved = torch.load(runs.checkpoint / PRUNER_STATE_NAME, weights_only=True)
+    full_model, _, _, _ = runs.full
+    model, feather, recorder, _ = runs.resumed
+    begin = recorder.state_at_begin
+    assert begin is not None and begin["step"] == SAVE_STEPS
+    for a, b in zip(begin["thresholds"], saved["thresholds"]):
+        assert torch.equal(a, b)
+    assert recorder.optimizer_steps == OPTIMIZER_STEPS - SAVE_STEPS
+    assert feather.pruner is not None and feather.pruner.current_step == OPTIMIZER_STEPS
+    expected = full_model.state_dict()
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, expected[key], rtol=1e-6, atol=1e-7, msg=key)
+
+
+def test_resume_without_pruner_state_is_refused(runs: Runs, tmp_path: Path) -> None:
+    copy = tmp_path / "elsewhere"
+    copy.mkdir()
+    for f in runs.checkpoint.iterdir():
+        if f.name != PRUNER_STATE_NAME:
+            (copy / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(FileNotFoundError, match="resume_from"):
+        train(tmp_path / "out", resume=str(copy))
+
+
+def test_unknown_arguments_name_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown argument 'sparsty'.*exclude"):
+        FeatherCallback(0.5, sparsty=0.9)
+    with pytest.raises(ValueError, match="takes model from the trainer"):
+        FeatherCallback(0.5, model=nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="takes total_steps from the trainer"):
+        FeatherCallback(0.5, total_steps=10)
