@@ -255,7 +255,7 @@ class RunOutcome:
         stability_pearson: Pearson r of each recorded mask with the final one.
         stability_changed: fraction of the mask that flipped since the previous record.
         version: feather-sparse version.
-        torch: torch version.
+        torch_version: torch version.
     """
 
     key: str
@@ -277,7 +277,7 @@ class RunOutcome:
     stability_pearson: tuple[float, ...] = ()
     stability_changed: tuple[float, ...] = ()
     version: str = __version__
-    torch: str = torch.__version__
+    torch_version: str = torch.__version__
 
     def to_json(self) -> dict[str, Any]:
         out = {"format": OUTCOME_FORMAT}
