@@ -8,6 +8,7 @@ pruned weights. This module only re-exports the public API.
 
 from feather_sparse._version import __version__
 from feather_sparse.backbones import BACKBONES, Backbone, GlobalBackbone
+from feather_sparse.models import ModelInfo, create_model, list_models, model_info, register_model
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, threshold
 from feather_sparse.pruner import DEFAULT_INCLUDE, LayerReport, Pruner, PrunerReport, auto_theta
 from feather_sparse.registry import Registry
@@ -31,6 +32,7 @@ __all__ = [
     "GlobalBackbone",
     "LayerReport",
     "LinearSchedule",
+    "ModelInfo",
     "Operator",
     "Pruner",
     "PrunerReport",
@@ -39,7 +41,11 @@ __all__ = [
     "ThresholdOperator",
     "__version__",
     "auto_theta",
+    "create_model",
     "kth_magnitude",
+    "list_models",
+    "model_info",
+    "register_model",
     "select_threshold",
     "threshold",
 ]

@@ -1,0 +1,158 @@
+"""Small models for the bundled MNIST-1D data (Greydanus, "Scaling down Deep Learning", 2020).
+
+An MNIST-1D sample is a 40-point signal (shape ``(1, 40)``, channels first)
+made from one of 10 digit-like templates by random padding, translation,
+scaling, shear and noise; 4000 training and 1000 test samples by default.
+The task rewards translation invariance: Greydanus reports about 68 % test
+accuracy for an MLP and about 94 % for a small 3-layer CNN.
+
+``mnist1d_cnn`` is the project's default model, meant for a training run of
+about a minute on two CPU cores with enough weights that 99 % sparsity still
+leaves a network (44,448 prunable weights, so 444 survive at 99 %). Design:
+
+- four ``Conv1d`` layers (32, 64, 64, 128 channels; kernel 5 then 3; stride 2
+  at the second and fourth, so 40 → 20 → 10 points), each followed by batch
+  norm and ReLU: the last layer's receptive field (15 points) spans about a
+  whole template, and the stride-2 layers double the channels where they
+  halve the length, keeping the cost per layer even;
+- global average pooling before the classifier: it makes the prediction
+  nearly invariant to the templates' random translation, which is what
+  MNIST-1D tests. (Flattening the 10x128 map instead gave slightly lower
+  accuracy, 98.4 % against 98.9 %, for 25 % more weights in one trial.)
+- no conv biases (batch norm follows), 45,034 parameters in all.
+
+Trained with SGD (lr 0.1, momentum 0.9, weight decay 5e-4, cosine schedule,
+batch 128) for 30 epochs, about 7 s on two idle CPU cores, it reached
+98.6-99.1 % test accuracy in four runs; 10 epochs gave 97.2 %.
+
+``mnist1d_mlp`` flattens its input and uses two hidden layers of 256 units
+with batch norm (79,370 parameters); it is the non-convolutional baseline
+(about 70 % test accuracy, in line with Greydanus' MLP).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from feather_sparse.models._layers import init_weights
+from feather_sparse.models._registry import register_model
+
+__all__ = ["MNIST1DCNN", "MNIST1DMLP", "mnist1d_cnn", "mnist1d_mlp"]
+
+MNIST1D_SHAPE = (1, 40)
+MNIST1D_CLASSES = 10
+#: (channels at width 1, kernel size, stride) of the CNN's conv layers.
+CNN_LAYERS: tuple[tuple[int, int, int], ...] = ((32, 5, 1), (64, 3, 2), (64, 3, 1), (128, 3, 2))
+MLP_HIDDEN = (256, 256)
+
+
+class MNIST1DCNN(nn.Module):
+    """A 1-D CNN: four Conv1d-BN-ReLU layers, global average pooling, a linear classifier.
+
+    Accepts signals of any length.
+
+    Args:
+        num_classes: number of outputs.
+        width: multiplier of every layer's channels.
+        in_channels: channels of the input signal.
+
+    Raises:
+        ValueError: if ``width`` is not positive.
+    """
+
+    def __init__(self, num_classes: int = 10, width: float = 1.0, in_channels: int = 1) -> None:
+        super().__init__()
+        if width <= 0:
+            raise ValueError(f"width must be positive, got {width}")
+        layers: list[nn.Module] = []
+        prev = in_channels
+        for channels, kernel, stride in CNN_LAYERS:
+            out = max(1, round(channels * width))
+            layers += [
+                nn.Conv1d(prev, out, kernel, stride=stride, padding=kernel // 2, bias=False),
+                nn.BatchNorm1d(out),
+                nn.ReLU(inplace=True),
+            ]
+            prev = out
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool1d(1)
+        self.fc = nn.Linear(prev, num_classes)
+        self.num_features = prev
+        init_weights(self, classifier=self.fc)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Pooled features before the classifier, ``(N, num_features)``."""
+        x = self.features(x)  # (N, 1, 40) -> (N, 128, 10)
+        return torch.flatten(self.pool(x), 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.forward_features(x))
+
+
+class MNIST1DMLP(nn.Module):
+    """An MLP on the flattened signal: Linear-BN-ReLU hidden layers and a linear classifier.
+
+    Args:
+        num_classes: number of outputs.
+        hidden: widths of the hidden layers.
+        input_shape: shape of one sample; its product is the first layer's input size.
+
+    Raises:
+        ValueError: if a hidden width or ``input_shape`` entry is not positive.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        hidden: Sequence[int] = MLP_HIDDEN,
+        input_shape: Sequence[int] = MNIST1D_SHAPE,
+    ) -> None:
+        super().__init__()
+        if not input_shape or min(input_shape) <= 0 or (hidden and min(hidden) <= 0):
+            raise ValueError(
+                f"hidden widths and input_shape must be positive, got {hidden} and {input_shape}"
+            )
+        layers: list[nn.Module] = [nn.Flatten()]
+        prev = math.prod(input_shape)
+        for width in hidden:
+            layers += [nn.Linear(prev, width, bias=False), nn.BatchNorm1d(width), nn.ReLU()]
+            prev = width
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(prev, num_classes)
+        self.num_features = prev
+        init_weights(self, classifier=self.fc)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden features before the classifier, ``(N, num_features)``."""
+        return self.features(x)  # (N, 1, 40) -> (N, 40) -> ... -> (N, hidden[-1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.forward_features(x))
+
+
+@register_model("mnist1d_cnn", input_shape=MNIST1D_SHAPE, num_classes=MNIST1D_CLASSES)
+def mnist1d_cnn(num_classes: int = MNIST1D_CLASSES, width: float = 1.0) -> MNIST1DCNN:
+    """Small 1-D CNN for MNIST-1D (the default model), 45k parameters.
+
+    Args:
+        num_classes: number of outputs.
+        width: channel multiplier.
+    """
+    return MNIST1DCNN(num_classes=num_classes, width=width)
+
+
+@register_model("mnist1d_mlp", input_shape=MNIST1D_SHAPE, num_classes=MNIST1D_CLASSES)
+def mnist1d_mlp(
+    num_classes: int = MNIST1D_CLASSES, hidden: Sequence[int] = MLP_HIDDEN
+) -> MNIST1DMLP:
+    """MLP on the flattened MNIST-1D signal, 79k parameters.
+
+    Args:
+        num_classes: number of outputs.
+        hidden: widths of the hidden layers.
+    """
+    return MNIST1DMLP(num_classes=num_classes, hidden=tuple(hidden))
