@@ -7,7 +7,24 @@ pruned weights. This module only re-exports the public API.
 """
 
 from feather_sparse._version import __version__
-from feather_sparse.backbones import BACKBONES, Backbone, GlobalBackbone
+from feather_sparse.backbones import (
+    ASL_LR_SCALE,
+    BACKBONES,
+    ASLPlusBackbone,
+    Backbone,
+    GlobalBackbone,
+    GlobalFlopsBackbone,
+    UniformBackbone,
+)
+from feather_sparse.baselines import (
+    METHODS,
+    Method,
+    SpartanBackbone,
+    ST3Operator,
+    make_pruner,
+    sinkhorn_topk,
+    soft_topk_mask,
+)
 from feather_sparse.models import ModelInfo, create_model, list_models, model_info, register_model
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, threshold
 from feather_sparse.pruner import DEFAULT_INCLUDE, LayerReport, Pruner, PrunerReport, auto_theta
@@ -22,30 +39,41 @@ from feather_sparse.schedules import (
 from feather_sparse.selection import kth_magnitude, select_threshold
 
 __all__ = [
+    "ASL_LR_SCALE",
     "BACKBONES",
     "DEFAULT_INCLUDE",
+    "METHODS",
     "OPERATORS",
     "SCHEDULES",
+    "ASLPlusBackbone",
     "Backbone",
     "ConstantSchedule",
     "CubicSchedule",
     "GlobalBackbone",
+    "GlobalFlopsBackbone",
     "LayerReport",
     "LinearSchedule",
+    "Method",
     "ModelInfo",
     "Operator",
     "Pruner",
     "PrunerReport",
     "Registry",
+    "ST3Operator",
     "Schedule",
+    "SpartanBackbone",
     "ThresholdOperator",
+    "UniformBackbone",
     "__version__",
     "auto_theta",
     "create_model",
     "kth_magnitude",
     "list_models",
+    "make_pruner",
     "model_info",
     "register_model",
     "select_threshold",
+    "sinkhorn_topk",
+    "soft_topk_mask",
     "threshold",
 ]

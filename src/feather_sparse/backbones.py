@@ -5,9 +5,27 @@ paper); the framework — here called the *backbone* — decides, at each update
 one threshold per prunable tensor from the current weights and the sparsity
 the schedule requests. The Pruner then hands each threshold to the operator.
 
+Registered backbones (``BACKBONES``):
+
+- ``"global"`` — one threshold for every tensor, the paper's main backbone.
+- ``"uniform"`` — GMP (Zhu & Gupta 2017, "To prune, or not to prune"): every
+  tensor pruned at the same ratio, optionally keeping the first conv dense.
+- ``"global-flops"`` — ST-3σ (Vanderschueren & De Vleeschouwer 2023): one
+  global ranking of ``|w| / s_l`` with ``s_l = 1/sqrt(sum of dimensions)``.
+- ``"asl+"`` — ASL (Retsinas, Elafrou, Goumas & Maragos 2021, "Weight Pruning
+  via Adaptive Sparsity Loss") with the paper's enhancements (§3): trainable
+  per-layer thresholds, a Gaussian sparsity loss whose target follows the
+  schedule, and an exact sorting-based correction.
+- ``"spartan"`` is registered by :mod:`feather_sparse.baselines`.
+
 A backbone is an object with the methods of :class:`Backbone`. Backbones with
 trainable state (ASL+) expose it through :meth:`Backbone.parameters` and
-:meth:`Backbone.regularizer`; the others return nothing there.
+:meth:`Backbone.regularizer`; the others return nothing there. Three optional
+hooks serve backbones that need more than one 0-d threshold per tensor (ASL+,
+Spartan); their defaults are exactly the plain behaviour:
+:meth:`Backbone.advance` (where training stands), :meth:`Backbone.forward_weight`
+(what the layer's forward uses) and :meth:`Backbone.pruned_mask` (which
+weights count as pruned).
 """
 
 from __future__ import annotations
@@ -16,12 +34,24 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
+from feather_sparse.ops import Operator
 from feather_sparse.registry import Registry
-from feather_sparse.selection import kth_magnitude, select_threshold
+from feather_sparse.selection import kth_magnitude, scaled_magnitudes, select_threshold
 
-__all__ = ["BACKBONES", "Backbone", "GlobalBackbone", "PruneTarget"]
+__all__ = [
+    "BACKBONES",
+    "ASLPlusBackbone",
+    "Backbone",
+    "GlobalBackbone",
+    "GlobalFlopsBackbone",
+    "PruneTarget",
+    "UniformBackbone",
+    "allocate",
+    "flops_scale",
+]
 
 
 class PruneTarget:
@@ -61,8 +91,9 @@ class PruneTarget:
 class Backbone:
     """Interface of a threshold source. Subclass and register in ``BACKBONES``.
 
-    Lifecycle: the Pruner calls :meth:`setup` once with its targets, then
-    :meth:`thresholds` at every update.
+    Lifecycle: the Pruner calls :meth:`setup` once with its targets, then, at
+    every update (the first one while attaching), :meth:`advance` followed by
+    :meth:`thresholds`.
     """
 
     name = "backbone"
@@ -71,9 +102,36 @@ class Backbone:
         """Called once, before the first :meth:`thresholds`, with the prunable tensors."""
         self.targets = list(targets)
 
+    def advance(self, step: int, total_steps: int, final_sparsity: float) -> None:
+        """Told where training stands, just before every :meth:`thresholds` call.
+
+        Args:
+            step: the Pruner's step count (0 while attaching).
+            total_steps: the length of training the schedule is laid out on.
+            final_sparsity: the Pruner's final target ``S``.
+
+        Backbones with schedules of their own (Spartan's β, its frozen-mask
+        phase) or initialised from ``S`` (ASL+) read them here; by default
+        nothing happens.
+        """
+
     def thresholds(self, weights: Sequence[Tensor], sparsity: float) -> list[Tensor]:
         """One 0-d threshold per weight (same order) for the requested overall ``sparsity``."""
         raise NotImplementedError
+
+    def forward_weight(
+        self, index: int, weight: Tensor, threshold: Tensor, operator: Operator, theta: float
+    ) -> Tensor:
+        """The weight that tensor ``index`` uses in its layer's forward.
+
+        Default: ``operator(weight, threshold, theta)``. The Pruner calls this
+        hook only when a backbone overrides it, so the plain path costs nothing.
+        """
+        return operator(weight, threshold, theta)
+
+    def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
+        """Which entries of tensor ``index`` the forward zeroes; default ``|w| <= T``."""
+        return weight.abs() <= threshold
 
     def parameters(self) -> list[nn.Parameter]:
         """Trainable parameters of the backbone (give them to an optimizer); none by default."""
@@ -95,6 +153,25 @@ class Backbone:
         return {"name": self.name}
 
 
+class _WarmStart:
+    """The previous threshold and a window width, to warm-start the exact selection.
+
+    Affects speed only, never a result (see :func:`feather_sparse.selection.kth_magnitude`).
+    """
+
+    def __init__(self) -> None:
+        self.hint: float | None = None
+        self.width = 0.01
+
+    def update(self, value: float) -> None:
+        if self.hint is not None and self.hint > 0 and value > 0:
+            # Next window: a few times the last relative move, so a steady ramp
+            # lands inside it in one pass, but never narrower than 0.1 %.
+            move = abs(value - self.hint) / self.hint
+            self.width = min(0.25, max(1e-3, 4 * move))
+        self.hint = value
+
+
 class GlobalBackbone(Backbone):
     """One threshold for all prunable tensors: the paper's main backbone.
 
@@ -109,23 +186,418 @@ class GlobalBackbone(Backbone):
     name = "global"
 
     def __init__(self) -> None:
-        self._last: float | None = None
-        self._width = 0.01
+        self._warm = _WarmStart()
 
     def thresholds(self, weights: Sequence[Tensor], sparsity: float) -> list[Tensor]:
-        t = select_threshold(weights, sparsity, hint=self._last, hint_width=self._width)
-        value = float(t)
-        if self._last is not None and self._last > 0 and value > 0:
-            # Next window: a few times the last relative move, so a steady ramp
-            # lands inside it in one pass, but never narrower than 0.1 %.
-            move = abs(value - self._last) / self._last
-            self._width = min(0.25, max(1e-3, 4 * move))
-        self._last = value
+        t = select_threshold(weights, sparsity, hint=self._warm.hint, hint_width=self._warm.width)
+        self._warm.update(float(t))
         return [t] * len(weights)
 
 
+def allocate(shares: Sequence[float], sizes: Sequence[int], total: int) -> list[int]:
+    """Split ``total`` pruned weights among tensors in proportion to ``shares``, exactly.
+
+    Real counts ``y_l = a·shares_l`` capped at ``sizes_l`` (water-filling: the
+    excess of a capped tensor goes to the others in the same proportions), with
+    ``a`` chosen so that ``Σ y_l = total``; then whole counts by the largest
+    remainder, so that ``Σ k_l = total`` exactly and each ``k_l`` is ``y_l``
+    rounded down or up. Tensors with a zero share get nothing unless the others
+    cannot hold ``total``; then what is left goes to them by size.
+
+    Args:
+        shares: non-negative weights, one per tensor.
+        sizes: the tensors' element counts (the caps).
+        total: how many to allocate, clipped to ``[0, Σ sizes]``.
+
+    Returns:
+        One count per tensor, ``0 <= k_l <= sizes_l``, summing to ``total``.
+
+    Example:
+        >>> allocate([1.0, 1.0, 0.0], [10, 30, 5], 20)  # equal shares, the first capped
+        [10, 10, 0]
+    """
+    if len(shares) != len(sizes):
+        raise ValueError(f"got {len(shares)} shares for {len(sizes)} tensors")
+    if any(not (x >= 0 and math.isfinite(x)) for x in shares):
+        raise ValueError(f"shares must be finite and >= 0, got {list(shares)}")
+    total = max(0, min(int(total), sum(sizes)))
+    real = [0.0] * len(sizes)
+    full: set[int] = set()
+    left = float(total)
+    top = max(shares, default=0.0)
+    # Scaled so the largest is 1: sums and ratios then neither overflow nor underflow.
+    weights = [x / top for x in shares] if top > 0 else [0.0] * len(shares)
+    while left > 0:
+        open_ = [i for i in range(len(sizes)) if i not in full]
+        if not open_:
+            break
+        mass = sum(weights[i] for i in open_)
+        if mass <= 0:  # only zero shares remain open: fill them by size
+            weights = [float(sizes[i]) if i not in full else 0.0 for i in range(len(sizes))]
+            mass = sum(weights[i] for i in open_)
+        want = {i: left * (weights[i] / mass) for i in open_}
+        over = [i for i in open_ if want[i] >= sizes[i]]
+        if not over:
+            for i in open_:
+                real[i] = want[i]
+            break
+        for i in over:  # cap them and share out the rest again
+            real[i] = float(sizes[i])
+            full.add(i)
+            left -= sizes[i]
+    counts = [max(0, min(sizes[i], math.floor(real[i]))) for i in range(len(sizes))]
+    # Largest remainder (Hamilton's method) to reach the total exactly; ties go
+    # to the earlier tensor. (Removing also covers float rounding in the caps.)
+    order = sorted(range(len(sizes)), key=lambda i: (-(real[i] - counts[i]), i))
+    missing = total - sum(counts)
+    for i in order:
+        if missing <= 0:
+            break
+        if counts[i] < sizes[i]:
+            counts[i] += 1
+            missing -= 1
+    for i in reversed(order):
+        if missing >= 0:
+            break
+        if counts[i] > 0:
+            counts[i] -= 1
+            missing += 1
+    return counts
+
+
+def _is_conv(module: nn.Module) -> bool:
+    return isinstance(module, nn.modules.conv._ConvNd)
+
+
+class UniformBackbone(Backbone):
+    """Every tensor pruned at the same ratio: GMP (Zhu & Gupta 2017).
+
+    Each tensor gets its own exact threshold, the k_l-th smallest of its
+    magnitudes, with ``k_l`` the tensor's share of ``K = round(s·N)`` (largest
+    remainder, :func:`allocate`): every tensor is within one weight of ratio
+    ``s`` and the total is exactly ``K``, as the Pruner guarantees for every
+    backbone.
+
+    Args:
+        keep_first_dense: leave the first convolution (the first prunable
+            conv in ``model.named_modules()`` order, i.e. registration order;
+            the first prunable tensor if there is no conv) dense, as the paper
+            does with GMP (it has very few weights). The
+            other tensors then share the whole budget equally, at ratio
+            ``s·N / (N − N_first)``, so the overall sparsity is still ``s``
+            (Zhu & Gupta prune each layer at ``s``; the paper compares methods
+            at equal overall sparsity). Only if the others cannot hold the
+            budget (``s`` above ``1 − N_first/N``) is the first conv pruned too.
+    """
+
+    name = "uniform"
+
+    def __init__(self, keep_first_dense: bool = False) -> None:
+        if not isinstance(keep_first_dense, bool):
+            raise ValueError(f"keep_first_dense must be True or False, got {keep_first_dense!r}")
+        self.keep_first_dense = keep_first_dense
+        self.dense_index: int | None = None
+
+    def setup(self, targets: Sequence[PruneTarget]) -> None:
+        super().setup(targets)
+        self.sizes = [t.numel for t in targets]
+        self._warm = [_WarmStart() for _ in targets]
+        self.dense_index = None
+        if self.keep_first_dense:
+            convs = [i for i, t in enumerate(targets) if _is_conv(t.module)]
+            self.dense_index = convs[0] if convs else 0
+
+    def thresholds(self, weights: Sequence[Tensor], sparsity: float) -> list[Tensor]:
+        shares = [float(n) for n in self.sizes]
+        if self.dense_index is not None:
+            shares[self.dense_index] = 0.0
+        counts = allocate(shares, self.sizes, round(sparsity * sum(self.sizes)))
+        return _layer_kth(weights, counts, self._warm)
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "keep_first_dense": self.keep_first_dense}
+
+
+def _layer_kth(
+    weights: Sequence[Tensor], counts: Sequence[int], warm: list[_WarmStart]
+) -> list[Tensor]:
+    """Per tensor, the exact ``counts[l]``-th smallest magnitude (0 when nothing is pruned)."""
+    out = []
+    for w, k, ws in zip(weights, counts, warm):
+        t = kth_magnitude([w], k, hint=ws.hint, hint_width=ws.width)
+        if k > 0:
+            ws.update(float(t))
+        out.append(t)
+    return out
+
+
+def flops_scale(shape: Sequence[int]) -> float:
+    """ST-3σ's ``s_l = 1/sqrt(sum of the weight's dimension sizes)``.
+
+    For a conv weight ``(C_out, C_in/groups, k_h, k_w)`` the sum is
+    ``C_out + C_in/groups + k_h + k_w``; for a linear one ``out + in``.
+    Under the usual fan-in initialisation ``|w|`` scales like ``s_l``, so
+    ranking ``|w|/s_l`` removes the width effect that makes plain global
+    pruning spare the early, narrow, FLOP-heavy layers.
+    """
+    return 1.0 / math.sqrt(sum(shape))
+
+
+class GlobalFlopsBackbone(Backbone):
+    """FLOPs-biased global ranking (ST-3σ, Vanderschueren & De Vleeschouwer 2023).
+
+    Scores ``|w| / s_l`` with ``s_l`` from :func:`flops_scale`; ``T*`` is the
+    exact k-th smallest score over all tensors, ``k = round(s·N)``, found by
+    :func:`feather_sparse.selection.select_threshold` on the unscaled tensors
+    with per-tensor scales (no scaled copy, no concatenation), and
+    ``T_l = T*·s_l``.
+
+    ``T*·s_l`` rounded to a float need not separate exactly the weights whose
+    rounded score is ``<= T*``; so ``T_l`` is taken as the largest ``|w_l|``
+    whose score is ``<= T*`` (one reduction per tensor), which prunes exactly
+    the ``k`` weights the global ranking selected.
+    """
+
+    name = "global-flops"
+
+    def __init__(self) -> None:
+        self._warm = _WarmStart()
+
+    def setup(self, targets: Sequence[PruneTarget]) -> None:
+        super().setup(targets)
+        self.scales = [flops_scale(t.shape) for t in targets]  # s_l
+
+    def thresholds(self, weights: Sequence[Tensor], sparsity: float) -> list[Tensor]:
+        inverse = [1.0 / s for s in self.scales]  # the score of w is |w|·(1/s_l)
+        t_star = select_threshold(
+            weights, sparsity, hint=self._warm.hint, hint_width=self._warm.width, scales=inverse
+        )
+        self._warm.update(float(t_star))
+        dtype = t_star.dtype
+        out = []
+        for w, c in zip(weights, inverse):
+            score = scaled_magnitudes(w, c, dtype)
+            magnitude = scaled_magnitudes(w, 1.0, dtype)
+            out.append(torch.where(score <= t_star, magnitude, 0.0).amax())
+        return out
+
+
+class _ThresholdSurrogate(torch.autograd.Function):
+    """Identity on the thresholded weight ``ŵ``; gives the threshold ASL's surrogate gradient.
+
+    ``∂L/∂T = −Σ_{|w| <= T} g·w / T`` with ``g = ∂L/∂ŵ`` (0 while ``T = 0``);
+    ``ŵ``'s own gradient passes through unchanged, so the operator's
+    straight-through backward for the weights is untouched.
+    """
+
+    @staticmethod
+    def forward(out: Tensor, weight: Tensor, t: Tensor) -> Tensor:
+        return out.view_as(out)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        _, weight, t = inputs
+        ctx.save_for_backward(weight, t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, Tensor]:
+        weight, t = ctx.saved_tensors
+        dtype = torch.promote_types(torch.promote_types(weight.dtype, t.dtype), torch.float32)
+        t_c = t.detach().to(dtype)
+        pruned_sum = (grad.to(dtype) * weight.to(dtype)).masked_fill_(weight.abs() > t_c, 0.0).sum()
+        grad_t = torch.where(t_c > 0, -pruned_sum / t_c.clamp_min(torch.finfo(dtype).tiny), 0.0)
+        return grad, None, grad_t.to(t.dtype)
+
+
+class ASLPlusBackbone(Backbone):
+    """ASL+: per-layer thresholds learned through a Gaussian sparsity loss, made exact.
+
+    ASL (Retsinas et al. 2021): each prunable tensor ``l`` has a trainable
+    scalar ``r_l``; its threshold is ``b_l = clamp(r_l, 0, r_max)·σ_l`` (``σ_l``
+    the detached standard deviation of its weights), which, for Gaussian
+    weights, prunes a fraction ``erf(r_l/√2)``. The sparsity loss is::
+
+        λ · (D − (1 − s(t)))²,   D = Σ N_l (1 − erf(r_l/√2)) / Σ N_l
+
+    and the task loss reaches ``r_l`` through the pruned weights,
+    ``∂L/∂r_l = σ_l · Σ_{pruned} g_i · (−w_i / T_l)`` (ASL's surrogate:
+    raising the threshold is taken to shrink each pruned weight toward zero
+    in proportion to its value, :class:`_ThresholdSurrogate`; the kept weights
+    contribute nothing, which avoids the singular derivative of ``P_T`` near
+    ``|w| = T``, and it works with any operator). ASL+ (the paper, §3) adds the sparsity
+    schedule — the loss's target is the schedule's ``s(t)``, not the final
+    ``S`` — and a sorting-based correction so that the achieved sparsity is
+    exactly what is asked.
+
+    The correction (its form is not published; this is the choice made
+    here). At each update the learned ``r_l`` give per-layer sparsities
+    ``s_l = erf(clamp(r_l)/√2)``. If they prune more than ``K = round(s(t)·N)``
+    weights in total, the sparsities are scaled down by one common factor;
+    if fewer, the *densities* ``1 − s_l`` are. Counts are made whole by the
+    largest remainder so that they sum to exactly ``K`` (:func:`allocate`),
+    and each ``T_l`` is set to the exact k_l-th smallest ``|w_l|`` — the
+    sorting step. Why this form: the loss is written in per-layer
+    sparsities, so what ASL learns is an allocation of the sparsity budget
+    among layers; the Gaussian assumption errs in the map from ``r_l`` to
+    the fraction actually pruned, not in that allocation. A common factor
+    keeps the learned allocation (the ratios between layers) and fixes only
+    the total, and the exact per-layer quantile removes the Gaussian error,
+    so the total is exact whatever the weight distribution. Scaling the
+    quantity in excess (sparsity when there is too much, density when too
+    little) keeps every ``s_l`` in ``[0, 1]`` without clipping, is
+    continuous where the two meet (factor 1), and never prunes a layer
+    entirely unless its own ``r_l`` says so; scaling sparsities alone
+    would, when a large layer has ``r_l = 0``, push the small layers to
+    100 %. Also rejected: scaling the Gaussian thresholds ``b_l`` by one
+    global factor (a ranking of ``|w|/b_l``), which keeps threshold ratios
+    instead; they depend on the distribution's tails, and a layer with
+    ``r_l = 0`` could never be pruned.
+
+    The forward threshold is the exact ``T_l``; its gradient reaches ``r_l``
+    as if it were ``b_l`` (``∂T_l/∂r_l = σ_l``, which is exact for Gaussian
+    weights when the rescale factor is 1); the rescale factor and ``σ_l`` are
+    treated as constants, as ASL treats ``σ_l``.
+
+    Training the thresholds: give :meth:`parameters` to the optimizer with
+    their own learning rate (ASL uses ``lr/100``, :data:`ASL_LR_SCALE`) and no
+    weight decay, and add :meth:`regularizer` to the loss::
+
+        optimizer.add_param_group({"params": pruner.parameters(),
+                                   "lr": lr * fs.ASL_LR_SCALE, "weight_decay": 0.0})
+        loss = task_loss + pruner.regularizer()
+
+    Args:
+        lam: the weight ``λ`` of the sparsity loss (ASL: 10).
+        init: initial ``r_l`` for every layer; ``None`` (default) uses ASL's
+            ``√2·erfinv(0.6·S)`` with ``S`` the Pruner's final target.
+        r_max: upper clamp of ``r_l`` (ASL: 5, i.e. at most 99.99994 % of a
+            layer from the Gaussian model).
+
+    The sparsity loss uses ``r_l`` unclamped (``erf`` is smooth and odd), so
+    an ``r_l`` pushed below 0 while the schedule's target is near 0 still
+    receives a gradient and comes back; the thresholds use the clamped value.
+    """
+
+    name = "asl+"
+
+    def __init__(self, lam: float = 10.0, init: float | None = None, r_max: float = 5.0) -> None:
+        if not (lam >= 0 and math.isfinite(lam)):
+            raise ValueError(f"lam must be a finite number >= 0, got {lam}")
+        if not r_max > 0:
+            raise ValueError(f"r_max must be > 0, got {r_max}")
+        if init is not None and not math.isfinite(init):
+            raise ValueError(f"init must be a finite number or None, got {init}")
+        self.lam = float(lam)
+        self.init = None if init is None else float(init)
+        self.r_max = float(r_max)
+        self.r: list[nn.Parameter] = []
+        self._initialized = False
+        self._target = 0.0
+
+    def setup(self, targets: Sequence[PruneTarget]) -> None:
+        super().setup(targets)
+        self.sizes = [t.numel for t in targets]
+        self.r = [
+            nn.Parameter(torch.zeros((), device=t.weight.device, dtype=torch.float32))
+            for t in targets
+        ]
+        self._sigma = [torch.ones((), device=t.weight.device) for t in targets]
+        self._warm = [_WarmStart() for _ in targets]
+        self._initialized = False
+
+    def advance(self, step: int, total_steps: int, final_sparsity: float) -> None:
+        if self._initialized:
+            return
+        if self.init is not None:
+            value = self.init
+        else:  # ASL's start: a little below the target, √2·erfinv(0.6·S)
+            x = torch.tensor(0.6 * final_sparsity, dtype=torch.float64)
+            value = float(math.sqrt(2.0) * torch.special.erfinv(x))
+        with torch.no_grad():
+            for r in self.r:
+                r.fill_(value)
+        self._initialized = True
+
+    def implied_sparsities(self) -> list[float]:
+        """Per layer, ``erf(clamp(r_l)/√2)``: the sparsity the Gaussian model gives ``r_l``."""
+        r = torch.stack([p.detach() for p in self.r]).double().clamp(0.0, self.r_max)
+        values: list[float] = torch.special.erf(r / math.sqrt(2.0)).tolist()
+        return values
+
+    def thresholds(self, weights: Sequence[Tensor], sparsity: float) -> list[Tensor]:
+        self._target = float(sparsity)
+        with torch.no_grad():
+            self._sigma = [w.float().std(correction=0) for w in weights]
+        counts = self.allocation(sparsity)
+        return _layer_kth(weights, counts, self._warm)
+
+    def allocation(self, sparsity: float) -> list[int]:
+        """Pruned weights per layer at overall ``sparsity``: the correction (class docstring)."""
+        implied = self.implied_sparsities()
+        total = sum(self.sizes)
+        target = round(sparsity * total)
+        pruned = [s * n for s, n in zip(implied, self.sizes)]  # what the Gaussian model prunes
+        if target <= sum(pruned):  # too many pruned: scale the sparsities down
+            return allocate(pruned, self.sizes, target)
+        kept = [n - p for n, p in zip(self.sizes, pruned)]  # too few: scale the densities down
+        return [n - k for n, k in zip(self.sizes, allocate(kept, self.sizes, total - target))]
+
+    def forward_weight(
+        self, index: int, weight: Tensor, threshold: Tensor, operator: Operator, theta: float
+    ) -> Tensor:
+        out = operator(weight, threshold, theta)
+        r = self.r[index].clamp(0.0, self.r_max)
+        if not r.requires_grad:  # no_grad (evaluation): the plain forward
+            return out
+        # Value: the exact T_l. Gradient: as if T_l were b_l = clamp(r_l)·σ_l.
+        t = threshold + self._sigma[index].to(threshold) * (r - r.detach()).to(threshold)
+        tied: Tensor = _ThresholdSurrogate.apply(out, weight, t)
+        return tied
+
+    def parameters(self) -> list[nn.Parameter]:
+        return list(self.r)
+
+    def regularizer(self) -> Tensor:
+        """``λ·(D − (1 − s(t)))²`` with the schedule's current ``s(t)`` as the target."""
+        r = torch.stack(list[Tensor](self.r))
+        sizes = torch.tensor(self.sizes, dtype=r.dtype, device=r.device)
+        sparsity = (torch.special.erf(r / math.sqrt(2.0)) * sizes).sum() / sizes.sum()
+        # D − (1 − s) = (1 − sparsity) − (1 − s) = s − sparsity
+        return self.lam * (self._target - sparsity) ** 2
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "r": torch.stack([p.detach() for p in self.r]).cpu().clone(),
+            "sigma": torch.stack([s.detach().float() for s in self._sigma]).cpu().clone(),
+            "target": self._target,
+            "initialized": self._initialized,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        r = state["r"]
+        if r.numel() != len(self.r):
+            raise ValueError(
+                f"ASL+ state holds {r.numel()} thresholds, this model has {len(self.r)}"
+            )
+        with torch.no_grad():  # in place: the optimizer keeps the same Parameter objects
+            for p, value in zip(self.r, r):
+                p.copy_(value)
+        self._sigma = [s.to(p.device) for s, p in zip(state["sigma"], self.r)]
+        self._target = float(state["target"])
+        self._initialized = bool(state["initialized"])
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "lam": self.lam, "init": self.init, "r_max": self.r_max}
+
+
+#: ASL trains its thresholds with the base learning rate times this (lr/100).
+ASL_LR_SCALE = 0.01
+
 BACKBONES: Registry[type[Backbone]] = Registry("backbone")
 BACKBONES.register("global", GlobalBackbone)
+BACKBONES.register("uniform", UniformBackbone)
+BACKBONES.register("global-flops", GlobalFlopsBackbone)
+BACKBONES.register("asl+", ASLPlusBackbone)
 
 
 def layer_thresholds_at_most(weights: Sequence[Tensor], max_sparsity: float) -> list[Tensor]:

@@ -195,7 +195,7 @@ class ThresholdOperator(Operator):
         return {"name": self.name, "p": self.p}
 
 
-OPERATORS: Registry[ThresholdOperator] = Registry("operator")
+OPERATORS: Registry[Operator] = Registry("operator")
 OPERATORS.register("feather", ThresholdOperator(p=3.0, name="feather"))
 OPERATORS.register("soft", ThresholdOperator(p=1.0, name="soft"))
 OPERATORS.register("hard", ThresholdOperator(p=math.inf, name="hard"))

@@ -90,17 +90,34 @@ class FeatherParametrization(nn.Module):
     the Pruner, so the forward never synchronises with the host and a compiled
     graph sees a tensor input, not a constant (no recompilation when it moves).
     It is not persistent: the Pruner's own ``state_dict`` holds it.
+
+    With ``backbone`` given (backbones that override
+    :meth:`~feather_sparse.backbones.Backbone.forward_weight`, e.g. ASL+ and
+    Spartan), the forward is ``backbone.forward_weight(index, weight, ...)``.
     """
 
     threshold: Tensor
 
-    def __init__(self, operator: Operator, theta: float, threshold: Tensor) -> None:
+    def __init__(
+        self,
+        operator: Operator,
+        theta: float,
+        threshold: Tensor,
+        backbone: Backbone | None = None,
+        index: int = 0,
+    ) -> None:
         super().__init__()
         self.operator = operator
         self.theta = theta
+        self.backbone = backbone
+        self.index = index
         self.register_buffer("threshold", threshold, persistent=False)
 
     def forward(self, weight: Tensor) -> Tensor:
+        if self.backbone is not None:
+            return self.backbone.forward_weight(
+                self.index, weight, self.threshold, self.operator, self.theta
+            )
         return self.operator(weight, self.threshold, self.theta)
 
     def extra_repr(self) -> str:
@@ -383,15 +400,17 @@ class Pruner:
 
         # --- attach: thresholds for step 0, then the parametrizations --------
         thresholds = self._compute_thresholds(self.scheduled_sparsity(0))
+        # Route the forward through the backbone only when it changes it.
+        hook = self.backbone if _overrides(self.backbone, "forward_weight") else None
         attached: list[PruneTarget] = []
         try:
-            for t, value in zip(targets, thresholds):
+            for index, (t, value) in enumerate(zip(targets, thresholds)):
                 buf = (
                     value.detach()
                     .to(device=t.weight.device, dtype=compute_dtype(t.weight.dtype))
                     .clone()
                 )
-                param = FeatherParametrization(self.operator, self.theta, buf)
+                param = FeatherParametrization(self.operator, self.theta, buf, hook, index)
                 parametrize.register_parametrization(t.module, "weight", param)
                 attached.append(t)
         except Exception:
@@ -448,8 +467,8 @@ class Pruner:
 
     def _layer_zeros(self) -> list[int]:
         counts = [
-            torch.count_nonzero(w.detach().abs() <= th)
-            for w, th in zip(self.weights(), self.thresholds())
+            torch.count_nonzero(self.backbone.pruned_mask(i, w.detach(), th))
+            for i, (w, th) in enumerate(zip(self.weights(), self.thresholds()))
         ]
         return [int(c) for c in torch.stack(counts).tolist()]
 
@@ -508,6 +527,7 @@ class Pruner:
                     f"non-finite weights (NaN or inf) in layer(s) {', '.join(bad)} at step "
                     f"{self._step}: training diverged; lower the learning rate or clip gradients"
                 )
+        self.backbone.advance(self._step, self.total_steps, self.sparsity)
         thresholds = self.backbone.thresholds(weights, sparsity)
         if len(thresholds) != len(weights):
             raise RuntimeError(
@@ -636,8 +656,7 @@ class Pruner:
                 continue
             plain = _join(t.name, "weight")
             if pruned:
-                p = self._parametrization(t)
-                out[plain] = p.operator(value, p.threshold, p.theta).detach()
+                out[plain] = self._parametrization(t)(value).detach()
             else:
                 out[plain] = value
         return out
@@ -759,6 +778,11 @@ class Pruner:
             f"operator={self.operator!r}, theta={self.theta}, backbone={self.backbone.name!r}, "
             f"tensors={len(self.targets)}, params={self.num_params:,})"
         )
+
+
+def _overrides(obj: object, method: str) -> bool:
+    """Whether ``obj``'s class overrides ``Backbone.<method>``."""
+    return getattr(type(obj), method) is not getattr(Backbone, method)
 
 
 def _join(prefix: str, name: str) -> str:

@@ -24,6 +24,12 @@ time, a full-size copy). Here ``T`` is the exact k-th smallest ``|w|``,
 Typically one pass suffices. The result is the same value a full sort would
 give, to the bit.
 
+Scaled magnitudes: every function takes an optional per-tensor ``scales``;
+element ``w`` of tensor ``i`` then counts as ``|w|·scales[i]`` (computed chunk
+by chunk, never as a scaled copy of the weights). The FLOPs-biased global
+backbone ranks ``|w| / s_l`` this way (ST-3σ, Vanderschueren & De
+Vleeschouwer 2023).
+
 Ties: ``T`` is the k-th smallest magnitude *value*. When several weights share
 that magnitude, all of them satisfy ``|w| <= T``, so more than ``k`` weights
 are pruned (by the number of extra ties); exact zeros always count as pruned.
@@ -39,7 +45,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["count_at_most", "kth_magnitude", "select_threshold"]
+__all__ = ["count_at_most", "kth_magnitude", "scaled_magnitudes", "select_threshold"]
 
 # Elements processed at once: bounds the temporaries (magnitudes, bucket
 # indices) to a few tens of MB whatever the size of the tensors.
@@ -58,42 +64,70 @@ def _work_dtype(tensors: Sequence[Tensor]) -> torch.dtype:
     return dtype
 
 
-def _chunks(tensors: Sequence[Tensor], dtype: torch.dtype) -> list[Tensor]:
+# A chunk: a flat view of part of one tensor, and that tensor's scale (1.0 = none).
+_Chunk = tuple[Tensor, float]
+
+
+def _chunks(
+    tensors: Sequence[Tensor], dtype: torch.dtype, scales: Sequence[float] | None = None
+) -> list[_Chunk]:
     """Flat views of the tensors, cut into pieces of at most ``CHUNK`` elements (no copies)."""
+    if scales is not None and len(scales) != len(tensors):
+        raise ValueError(f"got {len(scales)} scales for {len(tensors)} tensors")
     out = []
-    for t in tensors:
+    for i, t in enumerate(tensors):
+        scale = 1.0 if scales is None else float(scales[i])
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ValueError(f"scales must be positive and finite, got {scale} for tensor {i}")
         flat = t.detach().reshape(-1)
         for start in range(0, flat.numel(), CHUNK):
-            out.append(flat[start : start + CHUNK])
+            out.append((flat[start : start + CHUNK], scale))
     return out
 
 
-def _magnitudes(chunk: Tensor, dtype: torch.dtype) -> Tensor:
-    return chunk.abs() if chunk.dtype == dtype else chunk.to(dtype).abs_()
+def _magnitudes(chunk: _Chunk, dtype: torch.dtype) -> Tensor:
+    """``|w|·scale`` of one chunk in ``dtype`` (one new temporary)."""
+    values, scale = chunk
+    a = values.abs() if values.dtype == dtype else values.to(dtype).abs_()
+    return a if scale == 1.0 else a.mul_(scale)
 
 
-def count_at_most(tensors: Sequence[Tensor], value: Tensor | float) -> int:
-    """How many elements over all tensors have ``|w| <= value`` (a reference helper)."""
+def scaled_magnitudes(w: Tensor, scale: float = 1.0, dtype: torch.dtype | None = None) -> Tensor:
+    """``|w|·scale`` exactly as the selection functions compute it (same rounding).
+
+    Args:
+        w: one tensor.
+        scale: its positive factor.
+        dtype: the dtype the selection worked in (float32, or float64 when any
+            of its tensors was float64); default: the one for ``w`` alone.
+    """
+    return _magnitudes((w.detach(), float(scale)), dtype or _work_dtype([w]))
+
+
+def count_at_most(
+    tensors: Sequence[Tensor], value: Tensor | float, *, scales: Sequence[float] | None = None
+) -> int:
+    """How many elements over all tensors have ``|w|·scale <= value`` (a reference helper)."""
     dtype = _work_dtype(tensors)
     total = 0
-    for chunk in _chunks(tensors, dtype):
+    for chunk in _chunks(tensors, dtype, scales):
         total += int((_magnitudes(chunk, dtype) <= value).sum())
     return total
 
 
-def _sample_window(chunks: list[Tensor], dtype: torch.dtype, q: float) -> tuple[float, float]:
+def _sample_window(chunks: list[_Chunk], dtype: torch.dtype, q: float) -> tuple[float, float]:
     """A window ``(lo, hi]`` likely to hold the ``q``-quantile of all magnitudes.
 
     Taken from a strided sample of about ``SAMPLE`` magnitudes (no full copy):
     the sample quantile's standard error is ``sqrt(q(1-q)/m)``, and the window
     spans four of them on each side.
     """
-    n = sum(c.numel() for c in chunks)
+    n = sum(c.numel() for c, _ in chunks)
     parts = []
-    for c in chunks:
+    for c, scale in chunks:
         want = max(1, round(SAMPLE * c.numel() / n))
         step = max(1, c.numel() // want)
-        parts.append(_magnitudes(c[::step], dtype))
+        parts.append(_magnitudes((c[::step], scale), dtype))
     sample = torch.sort(torch.cat(parts)).values  # small: about SAMPLE elements
     m = sample.numel()
     se = math.sqrt(max(q * (1 - q), 1.0 / m) / m)
@@ -123,7 +157,7 @@ def _split_evenly(lo: float, hi: float, dtype: torch.dtype, device: torch.device
 
 
 def _window_pass(
-    chunks: list[Tensor], dtype: torch.dtype, lo: float, hi: float
+    chunks: list[_Chunk], dtype: torch.dtype, lo: float, hi: float
 ) -> tuple[int, int, Tensor | None]:
     """One pass: ``#{|w| <= lo}``, ``#{lo < |w| <= hi}`` and those magnitudes.
 
@@ -131,8 +165,8 @@ def _window_pass(
     handful of cheap elementwise kernels per chunk (abs, two compares, a
     count, a masked select); ``torch.bucketize`` would cost several times more.
     """
-    at_most_lo = torch.zeros((), dtype=torch.long, device=chunks[0].device)
-    in_window = torch.zeros((), dtype=torch.long, device=chunks[0].device)
+    at_most_lo = torch.zeros((), dtype=torch.long, device=chunks[0][0].device)
+    in_window = torch.zeros((), dtype=torch.long, device=chunks[0][0].device)
     inside: list[Tensor] | None = []
     size = 0
     for chunk in chunks:
@@ -154,7 +188,7 @@ def _window_pass(
     return int(at_most_lo), int(in_window), (None if inside is None else torch.cat(inside))
 
 
-def _bucket_pass(chunks: list[Tensor], dtype: torch.dtype, bounds: Tensor) -> list[int]:
+def _bucket_pass(chunks: list[_Chunk], dtype: torch.dtype, bounds: Tensor) -> list[int]:
     """Cumulative counts ``#{|w| <= bounds[j]}`` for sorted ``bounds`` (the slow fallback)."""
     counts = torch.zeros(bounds.numel() + 1, dtype=torch.long, device=bounds.device)
     for chunk in chunks:
@@ -170,6 +204,7 @@ def kth_magnitude(
     *,
     hint: Tensor | float | None = None,
     hint_width: float = 0.01,
+    scales: Sequence[float] | None = None,
 ) -> Tensor:
     """The exact k-th smallest ``|w|`` over all elements of ``tensors`` (1-based ``k``).
 
@@ -180,14 +215,16 @@ def kth_magnitude(
         hint: a value expected to be close to the answer (the previous
             threshold, during training). Affects speed only, never the result.
         hint_width: relative half-width of the first window around ``hint``.
+        scales: optional positive factor per tensor: rank ``|w|·scales[i]``
+            instead of ``|w|`` (no scaled copy is made).
 
     Returns:
         A 0-d tensor on the tensors' device, of dtype float32 (float64 if any
-        tensor is float64), equal to the k-th smallest magnitude.
+        tensor is float64), equal to the k-th smallest (scaled) magnitude.
 
     Raises:
-        ValueError: if ``k`` is outside ``[0, N]``, no tensor is given, or the
-            k-th magnitude would be NaN.
+        ValueError: if ``k`` is outside ``[0, N]``, no tensor is given, a scale
+            is not positive, or the k-th magnitude would be NaN.
     """
     if not tensors:
         raise ValueError("kth_magnitude needs at least one tensor")
@@ -196,9 +233,9 @@ def kth_magnitude(
     n = sum(t.numel() for t in tensors)
     if not 0 <= k <= n:
         raise ValueError(f"k must be in [0, {n}], got {k}")
+    chunks = _chunks(tensors, dtype, scales)
     if k == 0:
         return torch.zeros((), dtype=dtype, device=device)
-    chunks = _chunks(tensors, dtype)
 
     # Invariant: the answer lies in (lo, hi]; `below` = #{|w| <= lo}, `upto` = #{|w| <= hi}.
     # lo = -1 stands for "nothing below"; NaN is never <= anything, so it is never counted.
@@ -251,6 +288,7 @@ def select_threshold(
     *,
     hint: Tensor | float | None = None,
     hint_width: float = 0.01,
+    scales: Sequence[float] | None = None,
 ) -> Tensor:
     """The threshold ``T`` that prunes a fraction ``sparsity`` of all weights.
 
@@ -263,6 +301,8 @@ def select_threshold(
         sparsity: fraction in ``[0, 1]``.
         hint: the previous threshold, for speed (see :func:`kth_magnitude`).
         hint_width: relative half-width of the first window around ``hint``.
+        scales: optional positive factor per tensor; the threshold is then on
+            ``|w|·scales[i]`` (see :func:`kth_magnitude`).
 
     Returns:
         A 0-d tensor (float32, or float64 for float64 weights) on the weights' device.
@@ -278,4 +318,6 @@ def select_threshold(
     if not 0.0 <= sparsity <= 1.0:
         raise ValueError(f"sparsity must be in [0, 1], got {sparsity}")
     n = sum(t.numel() for t in tensors)
-    return kth_magnitude(tensors, round(sparsity * n), hint=hint, hint_width=hint_width)
+    return kth_magnitude(
+        tensors, round(sparsity * n), hint=hint, hint_width=hint_width, scales=scales
+    )

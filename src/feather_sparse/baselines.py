@@ -1,0 +1,742 @@
+"""The sparse-training methods the paper compares Feather against, behind one interface.
+
+Every method is a :class:`~feather_sparse.pruner.Pruner` configuration — an
+operator, a gradient scale θ, a backbone and a schedule — selectable by name
+from :data:`METHODS` with :func:`make_pruner`::
+
+    pruner = fs.make_pruner(model, "st3", sparsity=0.9, total_steps=steps)
+
+==========  ============================================================  ==========================
+name        what it is                                                    source
+==========  ============================================================  ==========================
+feather     ``P_T`` with p = 3, θ automatic, any backbone (the default)   Glentis Georgoulakis et
+                                                                          al., BMVC 2023
+hard        hard thresholding (p = ∞) with the plain STE (θ = 1)          Bengio et al. 2013 (STE);
+                                                                          the paper's §4.1 ablation
+soft        soft thresholding (p = 1) with the plain STE (θ = 1)          Donoho 1995 (soft
+                                                                          thresholding); §4.1
+nonste      Feather's operator with θ = 0: pruned weights get no          the paper, §2.2.2
+            gradient
+gmp         uniform per-layer sparsity, hard mask, zero gradient to       Zhu & Gupta 2017
+            pruned weights, first conv dense
+st3         soft thresholding with per-output-channel rescaling and an    Vanderschueren & De
+            identity backward, global threshold every step                Vleeschouwer, WACV 2023
+spartan     Sinkhorn soft top-k mask, β and density schedules, then a     Tai, Tian & Lim,
+            frozen mask                                                   NeurIPS 2022
+==========  ============================================================  ==========================
+
+References:
+    Zhu & Gupta, "To prune, or not to prune: exploring the efficacy of pruning
+    for model compression", arXiv:1710.01878 (2017).
+    Vanderschueren & De Vleeschouwer, "Are Straight-Through gradients and
+    Soft-Thresholding all you need for Sparse Training?", WACV 2023,
+    arXiv:2212.01076.
+    Tai, Tian & Lim, "Spartan: Differentiable Sparsity via Regularized
+    Transportation", NeurIPS 2022, arXiv:2205.14107.
+    Bengio, Léonard & Courville, "Estimating or Propagating Gradients Through
+    Stochastic Neurons for Conditional Computation", arXiv:1308.3432 (2013).
+
+Every method uses the library's exact global selection (no sort, no
+concatenation) where the originals take a sorted quantile; with distinct
+magnitudes both prune the same weights.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget, _WarmStart
+from feather_sparse.ops import OPERATORS, Operator, compute_dtype
+from feather_sparse.pruner import Pruner
+from feather_sparse.registry import Registry
+from feather_sparse.schedules import LinearSchedule
+from feather_sparse.selection import select_threshold
+
+__all__ = [
+    "METHODS",
+    "Method",
+    "ST3Operator",
+    "SinkhornResult",
+    "SpartanBackbone",
+    "make_pruner",
+    "sinkhorn_topk",
+    "soft_topk_mask",
+    "st3_rescale",
+]
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- ST-3
+#: ST-3's smoothing constants:
+#: ρ_c = (mean(|w|·m) + EPS) / (mean(|w|) + EPS) and s_c = (1 + C) / (ρ_c + C).
+ST3_EPS = 1e-6
+ST3_C = 0.01
+
+
+def st3_rescale(w: Tensor, t: Tensor | float) -> Tensor:
+    """ST-3's per-output-channel scale ``s_c`` (shape ``(C_out, 1, ...)``), without gradient.
+
+    ``ρ_c = (mean(|w|·m) + 1e-6) / (mean(|w|) + 1e-6)`` over each output
+    channel (dim 0; the whole tensor for a 1-d weight), ``m = 1[|w| > t]``,
+    and ``s_c = 1.01 / (ρ_c + 0.01)``: a channel that keeps a fraction ``ρ_c``
+    of its magnitude is scaled up by about ``1/ρ_c``, like dropout's rescaling.
+    ``1.01`` is written ``1 + 0.01`` so that ``ρ_c = 1`` gives exactly 1.
+    """
+    dtype = compute_dtype(w.dtype)
+    a = w.detach().to(dtype).abs()
+    t = torch.as_tensor(t, dtype=dtype, device=w.device)
+    dims = tuple(range(1, a.dim())) if a.dim() >= 2 else tuple(range(a.dim()))
+    kept = torch.where(a > t, a, 0.0).mean(dims, keepdim=True)
+    rho = (kept + ST3_EPS) / (a.mean(dims, keepdim=True) + ST3_EPS)
+    one = torch.ones((), dtype=dtype, device=w.device)
+    return (one + ST3_C) / (rho + ST3_C)
+
+
+class _ST3Function(torch.autograd.Function):
+    """ST-3's forward ``s_c·(w − sign(w)·T)·1[|w| > T]`` with the identity as backward."""
+
+    @staticmethod
+    def forward(w: Tensor, t: Tensor) -> Tensor:
+        dtype = compute_dtype(torch.promote_types(w.dtype, t.dtype))
+        x = w.to(dtype)
+        tc = t.to(dtype)
+        soft = torch.where(x.abs() > tc, x - torch.sign(x) * tc, 0.0)  # pruned: +0.0
+        return soft.mul_(st3_rescale(w, tc)).to(w.dtype)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None  # straight-through for every weight, pruned or kept
+
+
+@dataclass(frozen=True)
+class ST3Operator(Operator):
+    """ST-3 (Vanderschueren & De Vleeschouwer 2023) as a Pruner operator.
+
+    Forward ``ŵ = s_c·(w − sign(w)·T)·1[|w| > T]`` (soft thresholding and the
+    per-output-channel rescale of :func:`st3_rescale`, computed from the
+    current weights at every forward, i.e. after every optimizer step); the
+    backward is the identity for all weights, so θ is ignored. With the
+    global backbone the threshold is the global quantile recomputed every
+    step (ST-3); with ``backbone="global-flops"`` it is ST-3σ.
+    """
+
+    name: str = "st3"
+
+    def __call__(self, w: Tensor, t: Tensor, theta: float) -> Tensor:
+        out: Tensor = _ST3Function.apply(w, t.detach())
+        return out
+
+
+OPERATORS.register("st3", ST3Operator())
+
+
+# ------------------------------------------------------------------ Spartan
+@dataclass(frozen=True)
+class SinkhornResult:
+    """What :func:`sinkhorn_topk` returns.
+
+    Attributes:
+        masks: the soft mask ``m`` of each value tensor, entries in (0, 1).
+        mu: the dual variable ``μ`` at the solution, ``m = sigmoid(β(u − τ) + μ)``.
+        tau: the shift ``τ`` used.
+        iterations: Sinkhorn iterations run.
+        newton_steps: budget-polishing steps run after them.
+        budget_error: ``|Σ m − k| / k`` at the end.
+    """
+
+    masks: list[Tensor]
+    mu: float
+    tau: float
+    iterations: int
+    newton_steps: int
+    budget_error: float
+
+
+def _logsumexp_all(tensors: Sequence[Tensor]) -> float:
+    """``log Σ exp`` over every element of every tensor, without concatenating."""
+    parts = torch.stack([torch.logsumexp(t.reshape(-1), 0).double() for t in tensors])
+    return float(torch.logsumexp(parts, 0))
+
+
+def _sum_all(tensors: Sequence[Tensor]) -> float:
+    return float(sum(t.sum(dtype=torch.float64) for t in tensors))
+
+
+def sinkhorn_topk(
+    values: Sequence[Tensor],
+    k: float,
+    beta: float,
+    tau: float | None = None,
+    max_iters: int = 100,
+    tol: float = 0.01,
+    budget_tol: float = 1e-6,
+    max_newton: int = 50,
+) -> SinkhornResult:
+    """Spartan's soft top-k mask of ``values`` with unit costs, solved by Sinkhorn.
+
+    The entropic optimal-transport problem of Tai et al. (2022) in its dual:
+    with ``u = v`` (unit costs ``c = 1``), ``z = β(u − τ)``, ``μ = 0`` and
+    ``ν = −softplus(z)``, repeat until the relative change of ``Σ m·v`` is
+    below ``tol`` (at most ``max_iters`` times)::
+
+        μ = log k − logsumexp(z + ν)
+        ν = −softplus(z + μ)
+        m = exp(z + μ + ν) = sigmoid(z + μ)
+
+    At the fixed point ``m_i = sigmoid(β(u_i − τ) + μ)`` and ``Σ m = k``.
+    Sinkhorn's stopping rule does not by itself make the budget hold, so the
+    same fixed point is then polished by a safeguarded Newton iteration on
+    the scalar ``μ`` (``f(μ) = Σ sigmoid(z + μ) − k`` is increasing, with
+    ``f' = Σ m(1 − m)``) until ``|Σ m − k| <= budget_tol·k``. Sums over all
+    tensors are taken tensor by tensor (no concatenation), in float64.
+
+    Args:
+        values: non-negative tensors (``|w|``), on one device.
+        k: the budget, ``0 < k < N``.
+        beta: the sharpness ``β > 0`` (the inverse entropic regularisation).
+        tau: the shift; default the magnitude below which ``N − round(k)``
+            values lie. Any shift gives the same mask (``μ`` absorbs it);
+            it only sets where the iteration starts.
+        max_iters: Sinkhorn iterations at most (Spartan: 100).
+        tol: Sinkhorn's relative stopping tolerance on ``Σ m·v`` (Spartan: 0.01).
+        budget_tol: relative tolerance of the budget ``Σ m = k``.
+        max_newton: polishing steps at most.
+
+    Returns:
+        A :class:`SinkhornResult`.
+
+    Raises:
+        ValueError: for ``k`` outside ``(0, N)`` or ``beta <= 0``.
+    """
+    n = sum(v.numel() for v in values)
+    if not 0 < k < n:
+        raise ValueError(f"the budget k must be in (0, {n}), got {k}")
+    if not beta > 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    with torch.no_grad():
+        if tau is None:
+            tau = float(select_threshold(values, 1.0 - round(k) / n)) if round(k) < n else 0.0
+        z = [(v.to(compute_dtype(v.dtype)) - tau).mul_(beta) for v in values]
+        log_k = math.log(k)
+
+        # --- Sinkhorn, as published ------------------------------------------
+        mu = 0.0
+        z_nu = [zi - F.softplus(zi) for zi in z]  # z + ν with ν = log c − softplus(z + μ)
+        prev = _sum_all([torch.sigmoid(zi) * v for zi, v in zip(z, values)])
+        iterations = 0
+        for iterations in range(1, max_iters + 1):  # noqa: B007 (the count is reported)
+            mu = log_k - _logsumexp_all(z_nu)
+            z_nu = [zi - F.softplus(zi + mu) for zi in z]
+            obj = _sum_all([torch.sigmoid(zi + mu) * v for zi, v in zip(z, values)])
+            if abs(obj - prev) <= tol * abs(prev):
+                break
+            prev = obj
+        del z_nu
+
+        # --- budget polish: safeguarded Newton on μ --------------------------
+        lo, hi = -math.inf, math.inf  # f(lo) < 0 < f(hi)
+        steps = 0
+        while True:
+            masks = [torch.sigmoid(zi + mu) for zi in z]
+            f = _sum_all(masks) - k
+            if abs(f) <= budget_tol * k or steps >= max_newton:
+                break
+            slope = _sum_all([m * (1.0 - m) for m in masks])
+            if f > 0:
+                hi = min(hi, mu)
+            else:
+                lo = max(lo, mu)
+            nxt = mu - f / slope if slope > 0 else math.nan
+            if not lo < nxt < hi:  # Newton left the bracket: bisect, or widen it
+                if math.isfinite(lo) and math.isfinite(hi):
+                    nxt = 0.5 * (lo + hi)
+                else:
+                    nxt = mu - math.copysign(max(1.0, abs(mu)), f)
+            mu = nxt
+            steps += 1
+        error = abs(f) / k
+        if error > budget_tol:
+            logger.warning("Spartan: budget error %.3g after %d polishing steps", error, steps)
+    return SinkhornResult(masks, mu, float(tau), iterations, steps, error)
+
+
+class _SoftTopKMask(torch.autograd.Function):
+    """Soft top-k masks of ``|w|`` for all tensors, with the implicit-gradient backward.
+
+    Backward (Tai et al. 2022, implicit differentiation of ``Σ c·m = k`` at
+    the fixed point ``m = sigmoid(β(u − τ) + μ)``)::
+
+        ∂L/∂v = β·m(1 − m)·(g/c − Σ g·m(1 − m) / Σ c·m(1 − m))
+
+    and ``∂L/∂w = ∂L/∂v·sign(w)``. The published denominator ``k − Σ c·m²``
+    equals ``Σ c·m(1 − m)`` when the budget holds; the latter is used because
+    it does not cancel when the mask is nearly binary.
+
+    The forward takes the masks already solved (:func:`sinkhorn_topk`) and
+    only ties them to the weights. What backward needs is kept as plain
+    (detached) attributes rather than saved tensors, so that several backward
+    passes through the same masks (gradient accumulation over micro-batches)
+    work.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, beta: float, masks: list[Tensor], *weights: Tensor) -> tuple[Tensor, ...]:
+        ctx.beta = beta
+        ctx.masks = [m.detach() for m in masks]
+        ctx.signs = [torch.sign(w.detach()) for w in weights]
+        return tuple(masks)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
+        slopes = [m * (1.0 - m) for m in ctx.masks]  # m(1 − m)
+        num = sum((g * s).sum(dtype=torch.float64) for g, s in zip(grads, slopes))
+        den = sum(s.sum(dtype=torch.float64) for s in slopes)
+        coef = float(num / den) if float(den) > 0 else 0.0
+        out = [
+            (g - coef).mul_(s).mul_(ctx.beta).mul_(sign).to(sign.dtype)
+            for g, s, sign in zip(grads, slopes, ctx.signs)
+        ]
+        return (None, None, *out)
+
+
+def soft_topk_mask(
+    weights: Sequence[Tensor],
+    k: float,
+    beta: float,
+    tau: float | None = None,
+    max_iters: int = 100,
+    tol: float = 0.01,
+    budget_tol: float = 1e-6,
+) -> list[Tensor]:
+    """Differentiable Spartan masks of ``|w|`` (see :func:`sinkhorn_topk` and ``_SoftTopKMask``).
+
+    Returns one mask per weight tensor, connected to the weights' autograd
+    graph by the implicit-gradient backward.
+    """
+    values = [w.detach().abs() for w in weights]
+    result = sinkhorn_topk(values, k, beta, tau, max_iters, tol, budget_tol)
+    masks: tuple[Tensor, ...] = _SoftTopKMask.apply(float(beta), result.masks, *weights)
+    return list(masks)
+
+
+class _HardMaskSTE(torch.autograd.Function):
+    """``x·1[keep]`` forward, identity backward (Spartan's straight-through hard projection)."""
+
+    @staticmethod
+    def forward(x: Tensor, keep: Tensor) -> Tensor:
+        return torch.where(keep, x, 0.0)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None
+
+
+class SpartanBackbone(Backbone):
+    """Spartan (Tai, Tian & Lim, NeurIPS 2022) as a backbone of the Pruner.
+
+    At every update (after each optimizer step), with ``k`` the number of
+    weights to keep (``N − round(s·N)`` at the schedule's sparsity ``s``):
+
+    - ``T``: the exact global threshold that keeps ``k`` weights;
+    - ``m``: the soft top-k mask of all ``|w|`` at sharpness ``β``
+      (:func:`sinkhorn_topk`), connected to the weights' graph;
+    - the forward weight is ``w·m·1[|w| > T]``, the hard part straight-through
+      (identity in backward), so the gradient is ``g·m`` directly plus the
+      implicit gradient through ``m``.
+
+    Schedules (published defaults): the density goes linearly from 1 to the
+    target over the first 20 % of training — that is the Pruner's schedule,
+    :func:`make_pruner` sets ``LinearSchedule(0, 0.2)`` — and ``β`` linearly
+    from ``beta_init`` to ``beta_target`` up to ``floor(freeze_at·total)``
+    steps; at that step the mask is updated one last time and frozen:
+    afterwards the forward is ``w·M`` with the fixed ``M = m·1[|w| > T]``
+    (gradient ``g·M``: pruned weights get none), as in the authors' code.
+    The hard part uses ``|w| > T`` rather than comparing mask values (the
+    same set, immune to ties in rounded sigmoids).
+
+    Operator and θ of the Pruner are not used.
+
+    Args:
+        beta_init: ``β`` at step 0 (Spartan: 1).
+        beta_target: ``β`` at the freeze (Spartan: 20; 10 to 20 in the paper).
+        freeze_at: fraction of training after which the mask is frozen (0.8).
+        max_iters: Sinkhorn iterations at most (100).
+        tol: Sinkhorn's relative stopping tolerance (0.01).
+        budget_tol: relative tolerance of ``Σ m = k`` (polished, see
+            :func:`sinkhorn_topk`).
+    """
+
+    name = "spartan"
+
+    def __init__(
+        self,
+        beta_init: float = 1.0,
+        beta_target: float = 20.0,
+        freeze_at: float = 0.8,
+        max_iters: int = 100,
+        tol: float = 0.01,
+        budget_tol: float = 1e-6,
+    ) -> None:
+        if not 0 < beta_init <= beta_target:
+            raise ValueError(
+                f"need 0 < beta_init <= beta_target, got beta_init={beta_init}, "
+                f"beta_target={beta_target}"
+            )
+        if not 0.0 <= freeze_at <= 1.0:
+            raise ValueError(f"freeze_at must be in [0, 1], got {freeze_at}")
+        if max_iters < 1 or not tol > 0 or not budget_tol > 0:
+            raise ValueError("max_iters must be >= 1, tol and budget_tol > 0")
+        self.beta_init = float(beta_init)
+        self.beta_target = float(beta_target)
+        self.freeze_at = float(freeze_at)
+        self.max_iters = int(max_iters)
+        self.tol = float(tol)
+        self.budget_tol = float(budget_tol)
+        self.beta = self.beta_init
+        self.frozen = False
+        self.last: SinkhornResult | None = None
+        self._step = 0
+        self._total = 1
+        self._sparsity = 0.0
+        self._masks: list[Tensor] | None = None
+        self._frozen_masks: list[Tensor] = []
+        self._threshold: Tensor | None = None
+        self._warm = _WarmStart()
+
+    def setup(self, targets: Sequence[PruneTarget]) -> None:
+        super().setup(targets)
+        self.frozen = False
+        self._masks = None
+        self._frozen_masks = []
+
+    def freeze_step(self, total_steps: int) -> int:
+        """The step at which the mask is updated one last time and frozen."""
+        return math.floor(self.freeze_at * total_steps)
+
+    def beta_at(self, step: int, total_steps: int) -> float:
+        """``β`` at ``step``: linear from ``beta_init`` at 0 to ``beta_target`` at the freeze."""
+        end = self.freeze_step(total_steps)
+        ratio = 1.0 if step >= end else max(0.0, step / end)
+        return self.beta_init + ratio * (self.beta_target - self.beta_init)
+
+    def advance(self, step: int, total_steps: int, final_sparsity: float) -> None:
+        self._step, self._total = step, total_steps
+        if not self.frozen:
+            self.beta = self.beta_at(step, total_steps)
+
+    def _solve(self, sparsity: float) -> Tensor:
+        """Threshold and soft masks at ``sparsity`` and the current ``β``, from the live weights."""
+        weights = [t.weight for t in self.targets]
+        detached = [w.detach() for w in weights]
+        t = select_threshold(detached, sparsity, hint=self._warm.hint, hint_width=self._warm.width)
+        self._warm.update(float(t))
+        n = sum(w.numel() for w in weights)
+        keep = n - round(sparsity * n)
+        if 0 < keep < n:
+            values = [w.abs() for w in detached]
+            self.last = sinkhorn_topk(
+                values, keep, self.beta, float(t), self.max_iters, self.tol, self.budget_tol
+            )
+            masks: tuple[Tensor, ...] = _SoftTopKMask.apply(self.beta, self.last.masks, *weights)
+            self._masks = list(masks)
+        else:  # nothing (or everything) pruned: a plain hard mask, as Spartan does
+            self._masks = None
+        self._sparsity = sparsity
+        self._threshold = t
+        return t
+
+    def thresholds(self, weights: Sequence[Tensor], sparsity: float) -> list[Tensor]:
+        if self.frozen:
+            assert self._threshold is not None
+            return [self._threshold] * len(weights)
+        t = self._solve(sparsity)
+        if self._step >= self.freeze_step(self._total):
+            self._freeze(t)
+        return [t] * len(weights)
+
+    @torch.no_grad()
+    def _freeze(self, t: Tensor) -> None:
+        frozen = []
+        for i, target in enumerate(self.targets):
+            w = target.weight
+            hard = (w.abs() > t).to(w.dtype)
+            frozen.append(hard if self._masks is None else hard * self._masks[i].to(w.dtype))
+        self._frozen_masks = frozen
+        self._masks = None
+        self.frozen = True
+
+    def forward_weight(
+        self, index: int, weight: Tensor, threshold: Tensor, operator: Operator, theta: float
+    ) -> Tensor:
+        if self.frozen:
+            return weight * self._frozen_masks[index]
+        keep = weight.abs() > threshold
+        x = weight if self._masks is None else weight * self._masks[index].to(weight.dtype)
+        out: Tensor = _HardMaskSTE.apply(x, keep)
+        return out
+
+    def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
+        if self.frozen:
+            return self._frozen_masks[index] == 0
+        return weight.abs() <= threshold
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "beta": self.beta,
+            "frozen": self.frozen,
+            "sparsity": self._sparsity,
+            "threshold": None if self._threshold is None else self._threshold.detach().cpu(),
+            "frozen_masks": [m.detach().cpu().clone() for m in self._frozen_masks],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore; the soft masks are recomputed from the (restored) weights, as at that step."""
+        self.beta = float(state["beta"])
+        self.frozen = bool(state["frozen"])
+        self._sparsity = float(state["sparsity"])
+        if self.frozen:
+            devices = [t.weight.device for t in self.targets]
+            self._frozen_masks = [m.to(d) for m, d in zip(state["frozen_masks"], devices)]
+            self._threshold = state["threshold"].to(devices[0])
+            self._masks = None
+        else:
+            self._solve(self._sparsity)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "beta_init": self.beta_init,
+            "beta_target": self.beta_target,
+            "freeze_at": self.freeze_at,
+            "max_iters": self.max_iters,
+            "tol": self.tol,
+            "budget_tol": self.budget_tol,
+        }
+
+
+BACKBONES.register("spartan", SpartanBackbone)
+
+
+# ------------------------------------------------------------------ methods
+def _pruner_arguments() -> frozenset[str]:
+    params = inspect.signature(Pruner.__init__).parameters
+    return frozenset(params) - {"self", "model", "sparsity", "total_steps"}
+
+
+def _backbone_name(backbone: Any) -> str:
+    if isinstance(backbone, Backbone):
+        return backbone.name
+    if isinstance(backbone, Mapping):
+        return str(backbone.get("name"))
+    return str(backbone)
+
+
+def _same(key: str, given: Any, fixed: Any) -> bool:
+    if key == "backbone":
+        return BACKBONES._normalize(_backbone_name(given)) == BACKBONES._normalize(fixed)
+    if key == "operator":
+        name = given.name if isinstance(given, Operator) else str(given)
+        return OPERATORS._normalize(name) == OPERATORS._normalize(fixed)
+    if key == "theta":
+        return not isinstance(given, str) and float(given) == float(fixed)
+    return bool(given == fixed)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named sparse-training method: a Pruner configuration with a source.
+
+    Args:
+        name: the registry name (``--method`` on the command line).
+        summary: one line on what it does.
+        reference: where it comes from.
+        fixed: Pruner arguments that define the method; passing another
+            value raises (``backbone`` is compared by name, so its options
+            may still be given).
+        defaults: Pruner arguments set unless the caller gives them.
+    """
+
+    name: str
+    summary: str
+    reference: str
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def pruner_kwargs(self, **kwargs: Any) -> dict[str, Any]:
+        """The Pruner's keyword arguments for this method, with the caller's overrides.
+
+        Keywords that are not Pruner arguments are options of the backbone
+        (``keep_first_dense=True``, ``beta_target=10``): they are merged into
+        its config, ``{"name": ..., **options}``.
+
+        Raises:
+            ValueError: if an override contradicts what defines the method, or
+                backbone options come with a backbone object.
+        """
+        allowed = _pruner_arguments()
+        options = {k: v for k, v in kwargs.items() if k not in allowed}
+        given = {k: v for k, v in kwargs.items() if k in allowed}
+        for key, value in self.fixed.items():
+            if key in given and not _same(key, given[key], value):
+                raise ValueError(
+                    f"method {self.name!r} fixes {key}={value!r} (got {given[key]!r}); "
+                    "use method='feather' to choose it freely"
+                )
+        out: dict[str, Any] = {**self.fixed, **self.defaults, **given}
+        default = self.defaults.get("backbone")
+        if (
+            isinstance(given.get("backbone"), str)
+            and isinstance(default, Mapping)
+            and _same("backbone", given["backbone"], default["name"])
+        ):  # the method's own backbone by name: keep its published options
+            out["backbone"] = dict(default)
+        if options:
+            backbone = out.get("backbone", "global")
+            if isinstance(backbone, Backbone):
+                raise ValueError(
+                    f"backbone options {sorted(options)} given with a backbone object: pass them "
+                    "to its constructor instead"
+                )
+            base = dict(backbone) if isinstance(backbone, Mapping) else {"name": backbone}
+            cls = BACKBONES.get(base["name"])
+            accepted = set(inspect.signature(cls).parameters)
+            unknown = sorted(set(options) - accepted)
+            if unknown:
+                raise ValueError(
+                    f"unknown argument(s) {unknown}: neither Pruner arguments "
+                    f"({', '.join(sorted(allowed))}) nor options of backbone "
+                    f"{base['name']!r} ({', '.join(sorted(accepted)) or 'none'})"
+                )
+            out["backbone"] = {**base, **options}
+        return out
+
+    def build(self, model: nn.Module, sparsity: float, total_steps: int, **kwargs: Any) -> Pruner:
+        """A :class:`~feather_sparse.pruner.Pruner` for ``model`` running this method."""
+        return Pruner(model, sparsity, total_steps, **self.pruner_kwargs(**kwargs))
+
+
+METHODS: Registry[Method] = Registry("method")
+METHODS.register(
+    "feather",
+    Method(
+        "feather",
+        "Feather: P_T with p = 3 and automatic θ; any operator, θ or backbone may be given",
+        "Glentis Georgoulakis, Retsinas & Maragos, BMVC 2023",
+    ),
+)
+METHODS.register(
+    "hard",
+    Method(
+        "hard",
+        "hard thresholding (p = inf) with the plain straight-through estimator (θ = 1)",
+        "Bengio, Léonard & Courville 2013 (STE); the Feather paper's operator ablation (§4.1)",
+        fixed={"operator": "hard", "theta": 1.0},
+    ),
+)
+METHODS.register(
+    "soft",
+    Method(
+        "soft",
+        "soft thresholding (p = 1) with the plain straight-through estimator (θ = 1)",
+        "Donoho 1995 (soft thresholding); the Feather paper's operator ablation (§4.1)",
+        fixed={"operator": "soft", "theta": 1.0},
+    ),
+)
+METHODS.register(
+    "nonste",
+    Method(
+        "nonste",
+        "Feather's operator with θ = 0: pruned weights receive no gradient",
+        "Glentis Georgoulakis et al. 2023, §2.2.2 (gradient scaling, θ = 0)",
+        fixed={"theta": 0.0},
+    ),
+)
+METHODS.register(
+    "gmp",
+    Method(
+        "gmp",
+        "GMP: uniform per-layer sparsity, hard mask, zero gradient to pruned weights, "
+        "first conv dense",
+        "Zhu & Gupta 2017, 'To prune, or not to prune', arXiv:1710.01878",
+        fixed={"operator": "hard", "theta": 0.0, "backbone": "uniform"},
+        defaults={"backbone": {"name": "uniform", "keep_first_dense": True}},
+    ),
+)
+METHODS.register(
+    "st3",
+    Method(
+        "st3",
+        "ST-3: soft thresholding, per-output-channel rescale, identity backward, global "
+        "threshold every step (backbone='global-flops' gives ST-3σ)",
+        "Vanderschueren & De Vleeschouwer, WACV 2023, arXiv:2212.01076",
+        fixed={"operator": "st3", "theta": 1.0},
+    ),
+)
+METHODS.register(
+    "spartan",
+    Method(
+        "spartan",
+        "Spartan: Sinkhorn soft top-k mask, linear density (first 20 %) and β schedules, "
+        "mask frozen for the last 20 %",
+        "Tai, Tian & Lim, NeurIPS 2022, arXiv:2205.14107",
+        fixed={"backbone": "spartan", "operator": "hard", "theta": 1.0},
+        defaults={"schedule": LinearSchedule(start=0.0, end=0.2)},
+    ),
+)
+
+
+def make_pruner(
+    model: nn.Module,
+    method: str | Method = "feather",
+    *,
+    sparsity: float,
+    total_steps: int,
+    **kwargs: Any,
+) -> Pruner:
+    """A Pruner running ``method`` (a name in :data:`METHODS`, or a :class:`Method`).
+
+    Args:
+        model: the model to prune.
+        method: ``"feather"`` (default), ``"hard"``, ``"soft"``, ``"nonste"``,
+            ``"gmp"``, ``"st3"``, ``"spartan"``, or a :class:`Method`.
+        sparsity: final target sparsity.
+        total_steps: number of ``pruner.step()`` calls in the whole training.
+        **kwargs: any other :class:`~feather_sparse.pruner.Pruner` argument
+            (``backbone``, ``schedule``, ``exclude``, ...), and options of the
+            method's backbone (``keep_first_dense``, ``beta_target``, ``lam``, ...).
+
+    Returns:
+        The attached :class:`~feather_sparse.pruner.Pruner`.
+
+    Raises:
+        ValueError: for an unknown method (listing the choices) or an argument
+            that contradicts the method.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+        >>> pruner = make_pruner(model, "gmp", sparsity=0.5, total_steps=100)
+        >>> pruner.backbone.config()
+        {'name': 'uniform', 'keep_first_dense': True}
+    """
+    spec = METHODS.get(method)
+    if not isinstance(spec, Method):
+        raise ValueError(f"method must be one of {', '.join(METHODS.names())} or a Method")
+    return spec.build(model, sparsity, total_steps, **kwargs)
