@@ -68,6 +68,7 @@ __all__ = [
     "RunSpec",
     "add_cli_arguments",
     "machine_description",
+    "register_methods",
     "run_cli",
     "run_experiment",
 ]
@@ -356,6 +357,7 @@ def _execute(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
     from feather_sparse.recipes import TrainConfig
     from feather_sparse.train import train
 
+    register_methods()
     path = Path(run_dir)
     key = path.name
     started = time.perf_counter()
@@ -422,12 +424,97 @@ def _load_outcome(run_dir: Path) -> RunOutcome | None:
         return None
 
 
+# ============================================================ training methods
+#: Methods the bench trains besides ``feather``, by ``train.METHODS`` name:
+#: every entry of ``baselines.METHODS`` (hard, soft, nonste, gmp, st3,
+#: spartan) and ``feather-gmp``, Feather on the GMP backbone as the paper's
+#: appendix runs it (uniform per-layer sparsity, first conv dense).
+FEATHER_GMP = "feather-gmp"
+
+
+def _pruner_kwargs(config: Any) -> dict[str, Any]:
+    """The Pruner arguments a ``TrainConfig`` sets, as ``train``'s feather builder passes them."""
+    return {
+        "operator": config.operator,
+        "p": config.p,
+        "theta": config.theta,
+        "theta_rule": config.theta_rule,
+        "backbone": config.backbone,
+        "schedule": {
+            "name": config.schedule,
+            "start": config.schedule_start,
+            "end": config.schedule_end,
+        },
+        "update_every": config.update_every,
+        "exclude": config.exclude,
+        "max_layer_sparsity": config.max_layer_sparsity,
+    }
+
+
+def _baseline_builder(name: str) -> Callable[[Any, Any, int], Any]:
+    """A ``train.METHODS`` builder running ``baselines.METHODS[name]``.
+
+    The config's Pruner settings are passed except those the method fixes or
+    brings its own default for (Spartan's schedule, GMP's backbone), so a
+    baseline runs as its authors define it; the rest (schedule, backbone of
+    hard/soft/ST-3, exclude, ...) are shared with Feather.
+    """
+
+    def build(config: Any, model: Any, total_steps: int) -> Any:
+        from feather_sparse.baselines import METHODS as BASELINES
+        from feather_sparse.baselines import make_pruner
+
+        method = BASELINES.get(name)
+        kwargs = _pruner_kwargs(config)
+        for key in (*method.fixed, *method.defaults):
+            kwargs.pop(key, None)
+        if "operator" in method.fixed:
+            kwargs.pop("p", None)  # p belongs to the operator the method fixes
+        return make_pruner(
+            model, method, sparsity=config.sparsity, total_steps=total_steps, **kwargs
+        )
+
+    build.__name__ = f"build_{name.replace('-', '_')}"
+    return build
+
+
+def _build_feather_gmp(config: Any, model: Any, total_steps: int) -> Any:
+    """Feather (the config's operator and θ) on the uniform backbone, first conv dense."""
+    from feather_sparse.baselines import make_pruner
+
+    kwargs = _pruner_kwargs(config)
+    kwargs["backbone"] = {"name": "uniform", "keep_first_dense": True}
+    return make_pruner(
+        model, "feather", sparsity=config.sparsity, total_steps=total_steps, **kwargs
+    )
+
+
+def register_methods() -> None:
+    """Make the bench's methods trainable by ``feather_sparse.train.train``.
+
+    ``train.METHODS`` is the training loop's extension point; this registers
+    a builder for every baseline of ``baselines.METHODS`` it lacks and for
+    ``feather-gmp``. Names already there are left alone, so a training loop
+    that dispatches to the baselines itself takes precedence. Called before
+    a sweep, in the main process and in every worker.
+    """
+    from feather_sparse.baselines import METHODS as BASELINES
+    from feather_sparse.train import METHODS
+
+    for name in BASELINES.names():
+        if name not in METHODS:
+            METHODS.register(name, _baseline_builder(name))
+    if FEATHER_GMP not in METHODS:
+        METHODS.register(FEATHER_GMP, _build_feather_gmp)
+
+
 def _check_names(configs: Sequence[Mapping[str, Any]]) -> None:
     """Fail before any training when a method, model or data set is unknown."""
     from feather_sparse.data import DATASETS
     from feather_sparse.models import list_models
     from feather_sparse.train import METHODS
 
+    register_methods()
     models = set(list_models())
     for cfg in configs:
         if not cfg["dense"] and cfg["method"] not in METHODS:
@@ -775,7 +862,7 @@ OPERATOR_ROWS: dict[str, dict[str, Any]] = {
 #: ``backbones``' rows: each backbone with and without Feather (appendix).
 BACKBONE_ROWS: dict[str, dict[str, Any]] = {
     "GMP": {"method": "gmp"},
-    "Feather-GMP": {"method": "feather", "backbone": "uniform"},
+    "Feather-GMP": {"method": FEATHER_GMP},
     "ASL+": {"method": "hard", "backbone": "asl+"},
     "Feather-ASL+": {"method": "feather", "backbone": "asl+"},
 }
