@@ -744,7 +744,8 @@ def _dense_line(ctx: Context) -> str:
     if not dense:
         return ""
     mean, std = mean_std([_accuracy(o) for o in dense])
-    return f"Dense model ({dense[0].params:,} parameters): **{mean:.2f} ± {std:.2f}** % top-1.\n\n"
+    value = f"{mean:.2f}" if len(dense) == 1 else f"{mean:.2f} ± {std:.2f}"
+    return f"Dense model ({dense[0].params:,} parameters): **{value}** % top-1.\n\n"
 
 
 def _dense_baseline(ctx: Context) -> tuple[str, float, float] | None:
