@@ -427,9 +427,13 @@ def _load_outcome(run_dir: Path) -> RunOutcome | None:
 # ============================================================ training methods
 #: Methods the bench trains besides ``feather``, by ``train.METHODS`` name:
 #: every entry of ``baselines.METHODS`` (hard, soft, nonste, gmp, st3,
-#: spartan) and ``feather-gmp``, Feather on the GMP backbone as the paper's
-#: appendix runs it (uniform per-layer sparsity, first conv dense).
+#: spartan); ``feather-gmp``, Feather on the GMP backbone as the paper's
+#: appendix runs it (uniform per-layer sparsity, first conv dense); and the
+#: two ASL+ rows, ``asl+`` (ASL+ alone: hard thresholding, plain STE) and
+#: ``feather-asl+``, with the thresholds trained at ASL's learning rate.
 FEATHER_GMP = "feather-gmp"
+ASL_PLUS = "asl+"
+FEATHER_ASL_PLUS = "feather-asl+"
 
 
 def _pruner_kwargs(config: Any) -> dict[str, Any]:
@@ -478,6 +482,54 @@ def _baseline_builder(name: str) -> Callable[[Any, Any, int], Any]:
     return build
 
 
+def _asl_lr_scaled_by_train() -> bool:
+    """Whether ``train.py`` itself gives backbone parameters ASL's ``lr·ASL_LR_SCALE``."""
+    import inspect
+
+    from feather_sparse import train as train_module
+
+    return "ASL_LR_SCALE" in inspect.getsource(train_module)
+
+
+def _asl_plus_pruner(config: Any, model: Any, total_steps: int, method: str) -> Any:
+    """``method`` (``feather`` or ``hard``) on the ASL+ backbone, thresholds at ASL's rate.
+
+    ASL trains its per-layer thresholds ``r_l`` at ``lr/100``
+    (``backbones.ASL_LR_SCALE``, ALGORITHMS.md). This version of the training
+    loop gives every backbone parameter the base rate, which lets ``r_l`` jump
+    to its clamp and empties whole layers at 99 %. Until it applies the scale
+    (detected by ``train.py`` naming ``ASL_LR_SCALE``), the gradients of
+    ``r_l`` are scaled here instead: with SGD and no weight decay on them
+    (``train._param_groups``) that is the same update as ``lr/100``.
+    """
+    from feather_sparse.backbones import ASL_LR_SCALE
+    from feather_sparse.baselines import METHODS as BASELINES
+    from feather_sparse.baselines import make_pruner
+
+    kwargs = _pruner_kwargs(config)
+    kwargs["backbone"] = "asl+"
+    spec = BASELINES.get(method)
+    for key in spec.fixed:
+        kwargs.pop(key, None)
+    if "operator" in spec.fixed:
+        kwargs.pop("p", None)
+    pruner = make_pruner(model, spec, sparsity=config.sparsity, total_steps=total_steps, **kwargs)
+    if not _asl_lr_scaled_by_train():
+        for param in pruner.parameters():
+            param.register_hook(lambda grad: grad * ASL_LR_SCALE)
+    return pruner
+
+
+def _build_asl_plus(config: Any, model: Any, total_steps: int) -> Any:
+    """ASL+ alone: hard thresholding with the plain STE (θ = 1) on the ASL+ backbone."""
+    return _asl_plus_pruner(config, model, total_steps, "hard")
+
+
+def _build_feather_asl_plus(config: Any, model: Any, total_steps: int) -> Any:
+    """Feather (the config's operator and θ) on the ASL+ backbone."""
+    return _asl_plus_pruner(config, model, total_steps, "feather")
+
+
 def _build_feather_gmp(config: Any, model: Any, total_steps: int) -> Any:
     """Feather (the config's operator and θ) on the uniform backbone, first conv dense."""
     from feather_sparse.baselines import make_pruner
@@ -504,8 +556,13 @@ def register_methods() -> None:
     for name in BASELINES.names():
         if name not in METHODS:
             METHODS.register(name, _baseline_builder(name))
-    if FEATHER_GMP not in METHODS:
-        METHODS.register(FEATHER_GMP, _build_feather_gmp)
+    for name, builder in (
+        (FEATHER_GMP, _build_feather_gmp),
+        (ASL_PLUS, _build_asl_plus),
+        (FEATHER_ASL_PLUS, _build_feather_asl_plus),
+    ):
+        if name not in METHODS:
+            METHODS.register(name, builder)
 
 
 def _check_names(configs: Sequence[Mapping[str, Any]]) -> None:
@@ -844,7 +901,7 @@ DENSE = "dense"
 #: ``compare``'s methods: label -> config fields (Table 1 of the paper).
 COMPARE_METHODS: dict[str, dict[str, Any]] = {
     "Feather-Global": {"method": "feather", "backbone": "global"},
-    "Feather-ASL+": {"method": "feather", "backbone": "asl+"},
+    "Feather-ASL+": {"method": FEATHER_ASL_PLUS},
     "ST-3": {"method": "st3"},
     "Spartan": {"method": "spartan"},
     "GMP": {"method": "gmp"},
@@ -864,8 +921,8 @@ OPERATOR_ROWS: dict[str, dict[str, Any]] = {
 BACKBONE_ROWS: dict[str, dict[str, Any]] = {
     "GMP": {"method": "gmp"},
     "Feather-GMP": {"method": FEATHER_GMP},
-    "ASL+": {"method": "hard", "backbone": "asl+"},
-    "Feather-ASL+": {"method": "feather", "backbone": "asl+"},
+    "ASL+": {"method": ASL_PLUS},
+    "Feather-ASL+": {"method": FEATHER_ASL_PLUS},
 }
 
 #: ``flops``' rows: Feather on each threshold backbone (appendix).
