@@ -82,6 +82,7 @@ from feather_sparse.recipes import (
     load_config,
     parse_override,
 )
+from feather_sparse.registry import Registry
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -218,12 +219,17 @@ _METHOD_FIELDS = ("operator", "p", "theta", "backbone")
 _SCHEDULE_FIELDS = ("schedule", "schedule_start", "schedule_end")
 
 
+#: Extension point: more named sparsifiers, ``builder(config, model, total_steps) -> pruner``,
+#: consulted before :data:`~feather_sparse.baselines.METHODS` (the experiments register
+#: their variants here: Feather on the GMP and ASL+ backbones, ASL+ alone).
+PRUNER_BUILDERS: Registry[Callable[[TrainConfig, nn.Module, int], Any]] = Registry("method")
+
+
 def _check_method(config: TrainConfig) -> None:
-    if not config.dense and config.method not in SUPPORTED_METHODS:
-        raise ValueError(
-            f"method: unknown method {config.method!r}; choose one of: "
-            f"{', '.join(SUPPORTED_METHODS)}"
-        )
+    if config.dense or config.method in SUPPORTED_METHODS or config.method in PRUNER_BUILDERS:
+        return
+    names = sorted({*SUPPORTED_METHODS, *PRUNER_BUILDERS.names()})
+    raise ValueError(f"method: unknown method {config.method!r}; choose one of: {', '.join(names)}")
 
 
 def build_pruner(config: TrainConfig, model: nn.Module, total_steps: int) -> Any | None:
@@ -248,6 +254,8 @@ def build_pruner(config: TrainConfig, model: nn.Module, total_steps: int) -> Any
     if config.dense:
         return None
     _check_method(config)
+    if config.method in PRUNER_BUILDERS:
+        return PRUNER_BUILDERS.get(config.method)(config, model, total_steps)
     chosen: dict[str, Any] = {name: getattr(config, name) for name in _METHOD_FIELDS}
     schedule: dict[str, Any] | None = {
         "name": config.schedule,

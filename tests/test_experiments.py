@@ -1,0 +1,193 @@
+"""``feather-sparse bench``: every experiment's ``--quick`` run, tables, caching, failures.
+
+The experiments run on a few hundred synthetic MNIST-1D-shaped samples (one
+test runs the real bundled MNIST-1D through the command line), sharing one
+runs folder so that runs common to several experiments train once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from feather_sparse import cli
+from feather_sparse.experiments import (
+    COMPARE_METHODS,
+    EXPERIMENTS,
+    BenchOptions,
+    Grid,
+    RunOutcome,
+    RunSpec,
+    run_experiment,
+    run_key,
+)
+
+pytest.importorskip("matplotlib")
+
+SMALL: dict[str, Any] = {
+    "dataset": "synthetic-mnist1d",
+    "data_options": {"train_size": 256, "test_size": 128},
+    "batch_size": 64,
+}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+def small_options(out: Path, runs: Path, **kw: Any) -> BenchOptions:
+    return BenchOptions(quick=True, overrides=SMALL, out=out, runs_dir=runs, jobs=1, **kw)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS.names())
+def test_quick_run_of_every_experiment(name: str, tmp_path: Path, shared_runs: Path) -> None:
+    result = run_experiment(name, small_options(tmp_path, shared_runs))
+    assert result.failed == 0
+    text = result.page.read_text()
+    assert text.startswith("# ")
+    assert "| 95 % |" in text or "sparsity 95 %" in text
+    for field in ("- command: `feather-sparse bench " + name, "- library:", "- machine:"):
+        assert field in text
+    assert "--quick smoke run" in text
+    assert result.figures
+    for fig in result.figures:
+        assert fig.read_bytes()[:8] == PNG
+        assert f"]({fig.name})" in text  # the page shows every plot
+    raw = json.loads((tmp_path / f"{name}.json").read_text())
+    assert len(raw) >= result.runs and all(r["ok"] for r in raw)
+
+
+def test_compare_lists_every_method_and_the_dense_model(tmp_path: Path, shared_runs: Path) -> None:
+    result = run_experiment("compare", small_options(tmp_path, shared_runs))
+    text = result.page.read_text()
+    for label in COMPARE_METHODS:
+        assert f"| {label} |" in text
+    assert "Dense model (" in text
+    assert result.runs == len(COMPARE_METHODS) + 1  # one sparsity, one seed, plus dense
+
+
+def test_flops_page_validates_against_torch_flop_counter(tmp_path: Path, shared_runs: Path) -> None:
+    text = run_experiment("flops", small_options(tmp_path, shared_runs)).page.read_text()
+    assert "(agree with this count)" in text
+
+
+def test_runs_are_cached_forced_and_failures_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opts = small_options(tmp_path, tmp_path / "runs", thetas=(0.5,))
+    first = run_experiment("stability", opts)
+    assert (first.runs, first.trained) == (1, 1)
+    assert run_experiment("stability", opts).trained == 0
+    forced = replace(opts, force=True)
+    assert run_experiment("stability", forced).trained == 1
+
+    import feather_sparse.train
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("diverged")
+
+    monkeypatch.setattr(feather_sparse.train, "train", broken)
+    failed = run_experiment("stability", replace(opts, seeds=(1,)))
+    assert failed.failed == 1
+    assert "RuntimeError: diverged" in failed.page.read_text()
+    monkeypatch.undo()
+    # A failed run is tried again the next time.
+    again = run_experiment("stability", replace(opts, seeds=(1,)))
+    assert (again.trained, again.failed) == (1, 0)
+
+
+def test_bad_options_raise_before_training(tmp_path: Path) -> None:
+    def opts(**kw: Any) -> BenchOptions:
+        return replace(small_options(tmp_path, tmp_path), **kw)
+
+    with pytest.raises(ValueError, match="theta: set by the experiment"):
+        run_experiment("theta", opts(overrides={**SMALL, "theta": 0.5}))
+    with pytest.raises(ValueError, match="unknown compare method"):
+        run_experiment("compare", opts(methods=("Feather",)))
+    with pytest.raises(ValueError, match="unknown model"):
+        run_experiment("operator", opts(overrides={**SMALL, "model": "nope"}))
+    with pytest.raises(ValueError, match="unknown experiment"):
+        run_experiment("table9", opts())
+    with pytest.raises(ValueError, match="sparsities"):
+        BenchOptions(sparsities=(1.5,))
+    assert not list(tmp_path.iterdir())
+
+
+def test_runs_in_parallel_processes(tmp_path: Path) -> None:
+    opts = replace(small_options(tmp_path, tmp_path / "runs"), jobs=2, sparsities=(0.9,))
+    result = run_experiment("operator", opts)
+    assert (result.runs, result.trained, result.failed) == (3, 3, 0)
+    assert "2 parallel run(s)" in result.page.read_text()
+
+
+def test_cli_quick_on_the_bundled_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "stability", "--quick", "--thetas", "0.5", "--out", str(tmp_path)]
+    code = cli.main([*args, "--jobs", "1", "--set", "epochs=1"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "stability: 1 runs (1 trained, 0 failed)" in out
+    assert [line[:5] for line in err.splitlines() if line.startswith("[")] == ["[1/1]"]
+    text = (tmp_path / "stability.md").read_text()
+    assert "mnist1d, mnist1d_cnn; recipe mnist1d: 1 epochs" in text
+    assert "`feather-sparse bench stability --quick --set epochs=1 --thetas 0.5`" in text
+
+
+# ------------------------------------------------------------------ tables, keys
+
+
+def _outcome(acc: float, ok: bool = True, key: str = "k") -> RunOutcome:
+    return RunOutcome(key=key, config={}, ok=ok, test_accuracy=acc, error=None if ok else "E")
+
+
+def test_grid_table_bold_best_mean_per_column_and_failures() -> None:
+    pairs = [
+        (RunSpec("a", 0.9, 0, {}), _outcome(0.80)),
+        (RunSpec("a", 0.9, 1, {}), _outcome(0.82)),
+        (RunSpec("b", 0.9, 0, {}), _outcome(0.70)),
+        (RunSpec("b", 0.9, 1, {}), _outcome(math.nan, ok=False)),
+        (RunSpec("a", 0.99, 0, {}), _outcome(0.40)),
+        (RunSpec("b", 0.99, 0, {}), _outcome(0.50)),
+    ]
+    grid = Grid(pairs, lambda o: 100 * o.test_accuracy)
+    assert grid.cols == [0.9, 0.99]
+    lines = grid.table("method", lambda c: f"{c:g}").splitlines()
+    assert lines[0] == "| method | 0.9 | 0.99 |"
+    assert lines[2] == "| a | **81.00 ± 1.41** | 40.00 |"
+    assert lines[3] == "| b | 70.00 (1/2 failed) | **50.00** |"
+    low = grid.table("m", str, best="min").splitlines()
+    assert "**70.00" in low[3] and "**40.00" in low[2]
+    curve_a = grid.curves_by_row()[0]
+    assert curve_a.x == (0.9, 0.99) and curve_a.mean == pytest.approx((81.0, 40.0))
+
+
+def test_run_outcome_json_round_trip_with_non_finite_values() -> None:
+    outcome = RunOutcome(
+        key="k",
+        config={"p": math.inf, "sparsity": 0.9},
+        ok=True,
+        test_accuracy=0.5,
+        stability_pearson=(math.nan, 0.5, 1.0),
+        layers=(("fc", 10, 3),),
+        input_shape=(1, 40),
+    )
+    text = json.dumps(outcome.to_json())  # strict JSON: no NaN/Infinity tokens
+    assert "NaN" not in text.replace('"nan"', "")
+    back = RunOutcome.from_json(json.loads(text))
+    assert back.layers == outcome.layers and back.input_shape == (1, 40)
+    assert math.isnan(back.stability_pearson[0]) and back.stability_pearson[1:] == (0.5, 1.0)
+
+
+def test_run_key_names_the_run_and_hashes_the_whole_config() -> None:
+    base = {"dense": False, "method": "feather", "sparsity": 0.95, "seed": 0, "lr": 0.1}
+    key = run_key(base)
+    assert key.startswith("feather-s0.95-seed0-")
+    assert run_key(dict(base)) == key
+    assert run_key({**base, "lr": 0.05}) != key
+    assert run_key({**base, "dense": True}).startswith("dense-s0-seed0-")
