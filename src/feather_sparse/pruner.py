@@ -303,7 +303,7 @@ class Pruner:
         check_finite: raise at :meth:`step` if a weight holds NaN or inf.
         process_group: for *sharded* weights only — the ``torch.distributed``
             group the prunable weights are sharded over. When the weights are
-            DTensors (FSDP2 ``fully_shard``, tensor parallel) each rank selects
+            DTensors (FSDP2 ``fully_shard``) each rank selects
             on its local shard and the counts are all-reduced over this group,
             so every rank gets the exact global threshold without gathering the
             weights; ``None`` takes the group from the weights' device mesh.
@@ -492,7 +492,7 @@ class Pruner:
         """This rank's part of each prunable weight (detached) and the group it is sharded over.
 
         Plain tensors are whole weights (replicated under DDP): group None.
-        DTensors (FSDP2, tensor parallel) give their local shard and
+        DTensors (FSDP2) give their local shard and
         ``process_group`` or their mesh's group. A replicated weight among
         sharded ones is counted on the group's rank 0 only (an empty view
         elsewhere), so every weight counts once.
