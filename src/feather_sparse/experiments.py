@@ -828,7 +828,8 @@ def _footer(ctx: Context) -> str:
         f"- machine: {machine_description(ctx.workers, cfg.get('threads') or 'default')}",
         f"- data and model: {cfg.get('dataset')}, {cfg.get('model')}; recipe "
         f"{cfg.get('recipe')}: {cfg.get('epochs')} epochs, batch {cfg.get('batch_size')}, "
-        f"{cfg.get('optimizer')} lr {cfg.get('lr')}, weight decay {cfg.get('weight_decay')}; "
+        f"{cfg.get('optimizer')} lr {cfg.get('lr')}, weight decay {cfg.get('weight_decay')}, "
+        f"gradient clipping {cfg.get('grad_clip') or 'none'}; "
         f"seeds {', '.join(map(str, ctx.opts.run_seeds))}",
         f"- runs: {len(unique)} ({ctx.executed} trained by this command, the others reused "
         f"from earlier results); summed run time {run_time / 60:.1f} min; this command's "
@@ -863,6 +864,8 @@ def _rebuild_command(name: str, opts: BenchOptions) -> str:
             args += [flag, ",".join(f"{v:g}" for v in values)]
     if opts.methods:
         args += ["--methods", ",".join(opts.methods)]
+    if opts.out != Path("results"):
+        args += ["--out", str(opts.out)]
     return shlex.join(args)
 
 
