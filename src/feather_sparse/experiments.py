@@ -1470,7 +1470,7 @@ def run_experiment(
         pairs=pairs,
         executed=trained,
         elapsed=elapsed,
-        workers=min(opts.worker_count(), max(1, trained)),
+        workers=opts.worker_count(),
     )
     body, figures = experiment.summarize(ctx)
     title = f"{experiment.title} ({experiment.paper})"
