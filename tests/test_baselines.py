@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -303,6 +305,15 @@ def test_spartan_schedules_freeze_and_gradient_accumulation() -> None:
         assert torch.equal(t.module.weight == 0, m == 0)
 
 
+@pytest.mark.parametrize(("method", "kw"), CASES, ids=IDS)
+def test_model_with_pruner_attached_can_be_deep_copied(method: str, kw: dict[str, Any]) -> None:
+    model = SmallCNN()
+    fs.make_pruner(model, method, sparsity=0.5, total_steps=10, schedule="constant", **kw)
+    clone = copy.deepcopy(model)  # e.g. for an EMA or an evaluation copy
+    x = batch(0)[0]
+    assert torch.allclose(clone(x), model(x))
+
+
 def test_spartan_forward_is_soft_masked_and_hard_projected() -> None:
     torch.manual_seed(0)
     model = SmallCNN()
@@ -314,3 +325,68 @@ def test_spartan_forward_is_soft_masked_and_hard_projected() -> None:
         w = pruner.weights()[i].detach()
         keep = w.abs() > th
         assert torch.allclose(t.module.weight, w * bb._masks[i].detach() * keep)
+
+
+# ---------------------------------------------------------------- training CLI
+TINY_RUN = [
+    "--dataset",
+    "synthetic-mnist1d",
+    "--set",
+    "data_options={train_size = 256, test_size = 64}",
+    "--batch-size",
+    "64",
+    "--epochs",
+    "2",
+    "--no-tensorboard",
+    "--no-progress",
+    "--threads",
+    "1",
+]
+
+
+def test_build_pruner_maps_methods_and_refuses_contradictions() -> None:
+    from feather_sparse.recipes import load_config
+    from feather_sparse.train import build_optimizer, build_pruner
+
+    def build(**overrides: Any) -> fs.Pruner:
+        pruner = build_pruner(load_config("mnist1d", overrides), SmallCNN(), 100)
+        assert isinstance(pruner, fs.Pruner)
+        return pruner
+
+    assert build().config()["operator"] == {"name": "feather", "p": 3.0}
+    gmp = build(method="gmp")
+    assert (gmp.operator.p, gmp.theta, gmp.backbone.config()["keep_first_dense"]) == (
+        math.inf,
+        0.0,
+        True,
+    )
+    spartan = build(method="spartan")
+    assert spartan.schedule == fs.LinearSchedule(0.0, 0.2)  # the method's own schedule
+    assert build(method="spartan", schedule_end=0.4).schedule == fs.CubicSchedule(0.0, 0.4)
+    assert build(method="st3", backbone="global-flops").backbone.name == "global-flops"
+    with pytest.raises(ValueError, match="fixes operator='hard'"):
+        build(method="gmp", operator="soft")
+    with pytest.raises(ValueError, match=r"fixes theta=1\.0"):
+        build(method="hard", theta=0.5)
+    # ASL+'s thresholds train at lr/100 without weight decay
+    cfg = load_config("mnist1d", {"backbone": "asl+"})
+    model = SmallCNN()
+    pruner = build_pruner(cfg, model, 100)
+    assert pruner is not None
+    group = build_optimizer(cfg, model, pruner).param_groups[-1]
+    assert group["params"] == pruner.parameters()
+    assert (group["lr"], group["weight_decay"]) == (cfg.lr * fs.ASL_LR_SCALE, 0.0)
+
+
+@pytest.mark.parametrize("method", ["gmp", "st3", "spartan"])
+def test_cli_trains_with_each_method(
+    method: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from feather_sparse import cli
+
+    run = tmp_path / method
+    assert cli.main(["train", *TINY_RUN, "--method", method, "--run-dir", str(run)]) == 0
+    assert "final test accuracy" in capsys.readouterr().out
+    final = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final["sparsity"] == pytest.approx(0.9, abs=1e-3)
+    assert json.loads((run / "config.json").read_text())["config"]["method"] == method

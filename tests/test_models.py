@@ -81,7 +81,8 @@ def test_exact_counts_of_the_documented_configurations() -> None:
     assert count_all(create_model("mobilenet_v1")) == 3_315_428
     assert count_all(create_model("mobilenet_v1", pointwise_bias=False)) == 3_309_476
     assert count_all(create_model("densenet40_24")) == 714_196
-    assert count_all(create_model("mnist1d_cnn")) == 45_034
+    assert count_all(create_model("mnist1d_cnn")) == 176_074
+    assert count_all(create_model("mnist1d_cnn", width=0.5)) == 45_034
 
 
 def test_resnet20_has_doubled_stages_and_projection_shortcuts() -> None:
@@ -167,6 +168,12 @@ def test_models_use_plain_layers_with_standard_init(name: str) -> None:
         conv = max(convs, key=lambda m: m.weight.numel())
         fan_out = conv.weight.shape[0] * conv.weight[0, 0].numel()
         assert conv.weight.std().item() == pytest.approx((2 / fan_out) ** 0.5, rel=0.1)
+    # the classifier: uniform in ±1/sqrt(fan_in), not a tiny std-0.01 init that a
+    # global magnitude threshold would prune away first
+    fc = model.fc
+    bound = fc.in_features**-0.5
+    assert fc.weight.abs().max().item() <= bound
+    assert fc.weight.std().item() == pytest.approx(bound / 3**0.5, rel=0.2)
 
 
 def test_model_info_and_listing() -> None:

@@ -226,3 +226,32 @@ def test_cuda_matches_cpu(dtype: torch.dtype) -> None:
     assert torch.allclose(gpu.cpu().double(), cpu.double(), rtol=torch.finfo(dtype).eps * 4)
     gpu.sum().backward()
     assert torch.equal(w_cuda.grad.cpu() == 1, w.abs() > 0.5)
+
+
+# ------------------------------------------------------------------- blockwise path
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("p", [1.0, 2.0, 2.5, 3.0, math.inf])
+@pytest.mark.parametrize("theta", [0.0, 0.3, 1.0])
+def test_blockwise_equals_single_block(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, p: float, theta: float
+) -> None:
+    import feather_sparse.ops as ops
+
+    w = (torch.randn(3, 1000) * 2).to(dtype)
+    w[0, :10] = 0.0  # exact zeros
+    g = torch.randn(3, 1000).to(dtype)
+    t = torch.tensor(0.8)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        x = w.clone().requires_grad_()
+        out = fs.threshold(x, t, p=p, theta=theta)
+        out.backward(g)
+        return out.detach(), x.grad
+
+    single = run()  # 3000 elements: one block
+    monkeypatch.setattr(ops, "BLOCK", 97)  # 31 blocks, the last one partial
+    blocked = run()
+    assert torch.equal(single[0], blocked[0])
+    assert torch.equal(single[1], blocked[1])
+    assert not torch.signbit(blocked[0][blocked[0] == 0]).any()
+    assert blocked[0].shape == w.shape and blocked[1].shape == w.shape

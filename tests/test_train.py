@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,10 @@ from feather_sparse.train import (
     train,
 )
 
-# A few hundred synthetic samples: 8 steps of 64 per epoch.
+# A few hundred synthetic samples: 8 steps of 64 per epoch, the default model
+# at a quarter of its width.
 SMALL = {
+    "model_kwargs": {"width": 0.25},
     "dataset": "synthetic-mnist1d",
     "data_options": {"train_size": 512, "test_size": 128},
     "batch_size": 64,
@@ -40,6 +44,8 @@ SMALL = {
     "threads": 1,
 }
 SMALL_ARGS = [
+    "--model-kwargs",
+    "{width = 0.25}",
     "--dataset",
     "synthetic-mnist1d",
     "--set",
@@ -103,6 +109,11 @@ def test_overrides_are_converted_like_recipe_values() -> None:
     assert load_config("mnist1d", model_kwargs="{channels = 8}").model_kwargs == {"channels": 8}
     # A config survives the round trip through the checkpoint's dict.
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    # ... also when the record names the model by its spec {name, kwargs}.
+    spec = {"name": "resnet20", "kwargs": {"num_classes": 100, "width": 2}}
+    assert TrainConfig.from_dict(cfg.to_dict(spec)) == cfg
+    rebuilt = TrainConfig.from_dict({"model": spec})
+    assert rebuilt.model == "resnet20" and rebuilt.model_kwargs == {"width": 2}
 
 
 @pytest.mark.parametrize(
@@ -120,6 +131,7 @@ def test_overrides_are_converted_like_recipe_values() -> None:
         ({"backbone": "nope"}, "backbone"),
         ({"schedule_end": 1.5}, "schedule_end"),
         ({"amp": "maybe"}, "amp"),
+        ({"nesterov": True, "momentum": 0}, "nesterov"),
         ({"device": "tpu"}, "device"),
         ({"model_kwargs": "[1, 2]"}, "model_kwargs"),
     ],
@@ -170,6 +182,7 @@ def test_cli_smoke_writes_the_run_folder(
 
     info = json.loads((run / "config.json").read_text())
     assert info["model"]["name"] == "mnist1d_cnn" and info["model"]["kwargs"]["num_classes"] == 10
+    assert info["config"]["model"] == info["model"]  # the record alone rebuilds the model
     assert info["config"]["sparsity"] == 0.8 and info["config"]["epochs"] == 3
     assert "epoch 3/3" in (run / "train.log").read_text()
     rows = read_metrics(run)
@@ -177,6 +190,7 @@ def test_cli_smoke_writes_the_run_folder(
     assert rows[-1]["sparsity"] == pytest.approx(0.8, abs=1e-3)
     ckpt = load_checkpoint(run)
     assert ckpt["format"] == CHECKPOINT_FORMAT and ckpt["epoch"] == 3 and ckpt["step"] == 24
+    assert ckpt["config"]["model"] == info["model"]
     assert set(ckpt) >= {"version", "config", "model", "pruner", "optimizer", "lr_scheduler", "rng"}
     assert "| **total** |" in (run / "report.md").read_text()
     assert model_file(run).stat().st_size > 0
@@ -208,6 +222,10 @@ def test_cli_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "momentum" in capsys.readouterr().err
     assert cli.main(["train", "--model", "resnet2000"]) == 1
     assert "resnet2000" in capsys.readouterr().err
+    assert cli.main(["train", "--method", "no-such-method"]) == 1
+    assert "method" in capsys.readouterr().err
+    assert cli.main(["train", "--dataset", "no-such-data"]) == 1
+    assert "dataset" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------- resume
@@ -286,6 +304,7 @@ def test_interrupted_checkpoint_write_keeps_the_previous_one(
 def test_save_checkpoint_is_atomic_and_load_rejects_garbage(tmp_path: Path) -> None:
     path = tmp_path / "ckpt" / "last.pt"
     save_checkpoint({"format": CHECKPOINT_FORMAT, "epoch": 1}, path)
+    (path.parent / ".last.pt.killed.tmp").write_bytes(b"half a checkpoint")  # a killed writer
     save_checkpoint({"format": CHECKPOINT_FORMAT, "epoch": 2}, path)
     assert load_checkpoint(path)["epoch"] == 2
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]
@@ -329,3 +348,47 @@ def test_resume_restores_every_rng(tmp_path: Path) -> None:
     a, b = load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b")
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
+
+
+def test_saved_model_and_export_of_the_run_agree(tmp_path: Path) -> None:
+    """``model.fsp`` holds the finalized model, and ``feather-sparse export RUN_DIR``
+    rebuilds the same weights from the last checkpoint."""
+    export = pytest.importorskip("feather_sparse.export")
+    pytest.importorskip("safetensors")
+    run = tmp_path / "run"
+    result = train(small_config(), run, progress=False)
+    assert result.model_path == run / "model.fsp"
+    expected = result.model.state_dict()
+    saved = export.load_sparse(result.model_path).state_dict()
+    assert all(torch.equal(expected[k], saved[k]) for k in expected)
+    out = tmp_path / "exported.fsp"
+    assert cli.main(["export", str(run), "-o", str(out)]) == 0
+    exported = export.load_sparse(out).state_dict()
+    assert all(torch.equal(expected[k], exported[k]) for k in expected)
+
+
+def test_tensorboard_gets_the_epoch_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With tensorboard installed (a stand-in here), every epoch's numbers are logged."""
+    logged: list[tuple[str, float, int]] = []
+
+    class FakeWriter:
+        def __init__(self, log_dir: str) -> None:
+            assert Path(log_dir) == tmp_path / "run" / "tensorboard"
+
+        def add_scalar(self, tag: str, value: float, step: int) -> None:
+            logged.append((tag, value, step))
+
+        def flush(self) -> None: ...
+
+        def close(self) -> None: ...
+
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = FakeWriter  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    train(small_config(tensorboard=True), tmp_path / "run", progress=False)
+    assert {step for tag, _, step in logged if tag == "test_acc"} == {1, 2, 3}
+    assert {"train_loss", "sparsity", "threshold", "lr", "final/test_acc"} <= {
+        t for t, _, _ in logged
+    }

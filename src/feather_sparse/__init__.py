@@ -25,6 +25,13 @@ from feather_sparse.baselines import (
     sinkhorn_topk,
     soft_topk_mask,
 )
+from feather_sparse.export import (
+    export_onnx,
+    inspect_sparse,
+    load_sparse,
+    save_sparse,
+    to_sparse_inference,
+)
 from feather_sparse.models import ModelInfo, create_model, list_models, model_info, register_model
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, threshold
 from feather_sparse.pruner import DEFAULT_INCLUDE, LayerReport, Pruner, PrunerReport, auto_theta
@@ -67,13 +74,18 @@ __all__ = [
     "__version__",
     "auto_theta",
     "create_model",
+    "export_onnx",
+    "inspect_sparse",
     "kth_magnitude",
     "list_models",
+    "load_sparse",
     "make_pruner",
     "model_info",
     "register_model",
+    "save_sparse",
     "select_threshold",
     "sinkhorn_topk",
     "soft_topk_mask",
     "threshold",
+    "to_sparse_inference",
 ]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +40,9 @@ from torch import Tensor, nn
 from feather_sparse.ops import Operator
 from feather_sparse.registry import Registry
 from feather_sparse.selection import kth_magnitude, scaled_magnitudes, select_threshold
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = [
     "BACKBONES",
@@ -94,9 +97,19 @@ class Backbone:
     Lifecycle: the Pruner calls :meth:`setup` once with its targets, then, at
     every update (the first one while attaching), :meth:`advance` followed by
     :meth:`thresholds`.
+
+    Sharded weights (FSDP2, DTensor): a backbone that sets ``supports_sharding``
+    receives each rank's *local shards* in :meth:`thresholds`, with
+    ``process_group`` set to the group they are sharded over, and must return
+    the same thresholds on every rank (reduce its statistics over the group).
+    The Pruner refuses sharded weights for the others.
     """
 
     name = "backbone"
+    #: Whether :meth:`thresholds` handles local shards plus ``process_group``.
+    supports_sharding = False
+    #: The group the weights given to :meth:`thresholds` are sharded over (None: not sharded).
+    process_group: ProcessGroup | None = None
 
     def setup(self, targets: Sequence[PruneTarget]) -> None:
         """Called once, before the first :meth:`thresholds`, with the prunable tensors."""
@@ -181,15 +194,32 @@ class GlobalBackbone(Backbone):
     ``T``. The authors' released code takes the linearly interpolated quantile
     of a full sort instead, which lies between the k-th and (k+1)-th
     magnitudes; both prune the same weights when magnitudes are distinct.
+
+    Args:
+        process_group: the ``torch.distributed`` group over which the weights
+            are *sharded*, when each rank holds different weights of one model
+            (e.g. layers split over ranks by hand): ``T`` is then the exact
+            k-th magnitude of their union, the same on every rank, found
+            without gathering the weights. Leave it ``None`` for replicated
+            weights (DDP: each rank already computes the identical ``T``) and
+            for FSDP2/DTensor weights (the Pruner sets their group itself).
     """
 
     name = "global"
+    supports_sharding = True
 
-    def __init__(self) -> None:
+    def __init__(self, process_group: ProcessGroup | None = None) -> None:
+        self.process_group = process_group
         self._warm = _WarmStart()
 
     def thresholds(self, weights: Sequence[Tensor], sparsity: float) -> list[Tensor]:
-        t = select_threshold(weights, sparsity, hint=self._warm.hint, hint_width=self._warm.width)
+        t = select_threshold(
+            weights,
+            sparsity,
+            hint=self._warm.hint,
+            hint_width=self._warm.width,
+            process_group=self.process_group,
+        )
         self._warm.update(float(t))
         return [t] * len(weights)
 
@@ -291,6 +321,7 @@ class UniformBackbone(Backbone):
     """
 
     name = "uniform"
+    supports_sharding = True  # the counts are of whole tensors; each selection is sharded
 
     def __init__(self, keep_first_dense: bool = False) -> None:
         if not isinstance(keep_first_dense, bool):
@@ -312,19 +343,25 @@ class UniformBackbone(Backbone):
         if self.dense_index is not None:
             shares[self.dense_index] = 0.0
         counts = allocate(shares, self.sizes, round(sparsity * sum(self.sizes)))
-        return _layer_kth(weights, counts, self._warm)
+        return _layer_kth(weights, counts, self._warm, self.process_group)
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "keep_first_dense": self.keep_first_dense}
 
 
 def _layer_kth(
-    weights: Sequence[Tensor], counts: Sequence[int], warm: list[_WarmStart]
+    weights: Sequence[Tensor],
+    counts: Sequence[int],
+    warm: list[_WarmStart],
+    process_group: ProcessGroup | None = None,
 ) -> list[Tensor]:
-    """Per tensor, the exact ``counts[l]``-th smallest magnitude (0 when nothing is pruned)."""
+    """Per tensor, the exact ``counts[l]``-th smallest magnitude (0 when nothing is pruned).
+
+    With ``process_group``, ``weights`` are this rank's shards of the tensors.
+    """
     out = []
     for w, k, ws in zip(weights, counts, warm):
-        t = kth_magnitude([w], k, hint=ws.hint, hint_width=ws.width)
+        t = kth_magnitude([w], k, hint=ws.hint, hint_width=ws.width, process_group=process_group)
         if k > 0:
             ws.update(float(t))
         out.append(t)
@@ -600,10 +637,27 @@ BACKBONES.register("global-flops", GlobalFlopsBackbone)
 BACKBONES.register("asl+", ASLPlusBackbone)
 
 
-def layer_thresholds_at_most(weights: Sequence[Tensor], max_sparsity: float) -> list[Tensor]:
+def layer_thresholds_at_most(
+    weights: Sequence[Tensor],
+    max_sparsity: float,
+    process_group: ProcessGroup | None = None,
+) -> list[Tensor]:
     """Per tensor, the magnitude below which at most ``max_sparsity`` of it lies.
 
     Used by the Pruner's layer-collapse guard: capping a layer's threshold at
     this value keeps at least ``N_l - floor(max_sparsity·N_l)`` of its weights.
+    With ``process_group``, ``weights`` are local shards and ``N_l`` the
+    layer's size over all ranks.
     """
-    return [kth_magnitude([w], math.floor(max_sparsity * w.numel())) for w in weights]
+    numels = [w.numel() for w in weights]
+    if process_group is not None:
+        import torch.distributed as dist
+
+        device = weights[0].device if weights else torch.device("cpu")
+        total = torch.tensor(numels, dtype=torch.long, device=device)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=process_group)
+        numels = total.tolist()
+    return [
+        kth_magnitude([w], math.floor(max_sparsity * n), process_group=process_group)
+        for w, n in zip(weights, numels)
+    ]

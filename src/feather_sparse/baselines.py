@@ -6,35 +6,27 @@ from :data:`METHODS` with :func:`make_pruner`::
 
     pruner = fs.make_pruner(model, "st3", sparsity=0.9, total_steps=steps)
 
-==========  ============================================================  ==========================
-name        what it is                                                    source
-==========  ============================================================  ==========================
-feather     ``P_T`` with p = 3, θ automatic, any backbone (the default)   Glentis Georgoulakis et
-                                                                          al., BMVC 2023
-hard        hard thresholding (p = ∞) with the plain STE (θ = 1)          Bengio et al. 2013 (STE);
-                                                                          the paper's §4.1 ablation
-soft        soft thresholding (p = 1) with the plain STE (θ = 1)          Donoho 1995 (soft
-                                                                          thresholding); §4.1
-nonste      Feather's operator with θ = 0: pruned weights get no          the paper, §2.2.2
-            gradient
-gmp         uniform per-layer sparsity, hard mask, zero gradient to       Zhu & Gupta 2017
-            pruned weights, first conv dense
-st3         soft thresholding with per-output-channel rescaling and an    Vanderschueren & De
-            identity backward, global threshold every step                Vleeschouwer, WACV 2023
-spartan     Sinkhorn soft top-k mask, β and density schedules, then a     Tai, Tian & Lim,
-            frozen mask                                                   NeurIPS 2022
-==========  ============================================================  ==========================
+| name | what it is (source) |
+|---|---|
+| `feather` | `P_T`, p = 3, θ automatic, any backbone (Glentis Georgoulakis et al. 2023) |
+| `hard` | p = ∞ with the plain STE, θ = 1 (Bengio et al. 2013; the paper's §4.1) |
+| `soft` | p = 1 with the plain STE, θ = 1 (Donoho 1995; the paper's §4.1) |
+| `nonste` | p = 3, θ = 0: pruned weights get no gradient (the paper's §2.2.2) |
+| `gmp` | uniform, hard mask, θ = 0, first conv dense (Zhu & Gupta 2017) |
+| `st3` | soft threshold, channel rescale, identity backward (Vanderschueren et al. 2023) |
+| `spartan` | Sinkhorn soft top-k, β and density schedules, frozen mask (Tai et al. 2022) |
 
 References:
-    Zhu & Gupta, "To prune, or not to prune: exploring the efficacy of pruning
-    for model compression", arXiv:1710.01878 (2017).
-    Vanderschueren & De Vleeschouwer, "Are Straight-Through gradients and
-    Soft-Thresholding all you need for Sparse Training?", WACV 2023,
-    arXiv:2212.01076.
-    Tai, Tian & Lim, "Spartan: Differentiable Sparsity via Regularized
-    Transportation", NeurIPS 2022, arXiv:2205.14107.
-    Bengio, Léonard & Courville, "Estimating or Propagating Gradients Through
-    Stochastic Neurons for Conditional Computation", arXiv:1308.3432 (2013).
+
+- Zhu & Gupta, "To prune, or not to prune: exploring the efficacy of
+  pruning for model compression", arXiv:1710.01878 (2017).
+- Vanderschueren & De Vleeschouwer, "Are Straight-Through gradients and
+  Soft-Thresholding all you need for Sparse Training?", WACV 2023,
+  arXiv:2212.01076.
+- Tai, Tian & Lim, "Spartan: Differentiable Sparsity via Regularized
+  Transportation", NeurIPS 2022, arXiv:2205.14107.
+- Bengio, Léonard & Courville, "Estimating or Propagating Gradients Through
+  Stochastic Neurons for Conditional Computation", arXiv:1308.3432 (2013).
 
 Every method uses the library's exact global selection (no sort, no
 concatenation) where the originals take a sorted quantile; with distinct
@@ -298,7 +290,9 @@ class _SoftTopKMask(torch.autograd.Function):
         ctx.beta = beta
         ctx.masks = [m.detach() for m in masks]
         ctx.signs = [torch.sign(w.detach()) for w in weights]
-        return tuple(masks)
+        # New tensor objects (same storage) become the outputs, so the solver's
+        # own masks stay plain tensors without a graph.
+        return tuple(m.detach() for m in masks)
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
@@ -426,6 +420,15 @@ class SpartanBackbone(Backbone):
         self.frozen = False
         self._masks = None
         self._frozen_masks = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The soft masks carry the autograd graph to the weights, which
+        # cannot be copied or pickled: a copy (deepcopy of a model, EMA)
+        # gets them detached.
+        state = self.__dict__.copy()
+        if self._masks is not None:
+            state["_masks"] = [m.detach() for m in self._masks]
+        return state
 
     def freeze_step(self, total_steps: int) -> int:
         """The step at which the mask is updated one last time and frozen."""

@@ -23,6 +23,8 @@ from feather_sparse._version import __version__
 # command -> (module implementing it, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("feather_sparse.train", "train a model with Feather sparsity (or dense)"),
+    "export": ("feather_sparse.export", "write a compressed sparse checkpoint (and ONNX) of a run"),
+    "inspect": ("feather_sparse.export", "per-tensor table of a sparse checkpoint"),
     "bench": ("feather_sparse.experiments", "reproduce the paper's tables and figures"),
 }
 

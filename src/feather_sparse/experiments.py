@@ -425,7 +425,7 @@ def _load_outcome(run_dir: Path) -> RunOutcome | None:
 
 
 # ============================================================ training methods
-#: Methods the bench trains besides ``feather``, by ``train.METHODS`` name:
+#: Methods the bench trains besides ``feather``, by ``train.PRUNER_BUILDERS`` name:
 #: every entry of ``baselines.METHODS`` (hard, soft, nonste, gmp, st3,
 #: spartan); ``feather-gmp``, Feather on the GMP backbone as the paper's
 #: appendix runs it (uniform per-layer sparsity, first conv dense); and the
@@ -456,7 +456,7 @@ def _pruner_kwargs(config: Any) -> dict[str, Any]:
 
 
 def _baseline_builder(name: str) -> Callable[[Any, Any, int], Any]:
-    """A ``train.METHODS`` builder running ``baselines.METHODS[name]``.
+    """A ``train.PRUNER_BUILDERS`` builder running ``baselines.METHODS[name]``.
 
     The config's Pruner settings are passed except those the method fixes or
     brings its own default for (Spartan's schedule, GMP's backbone), so a
@@ -544,14 +544,14 @@ def _build_feather_gmp(config: Any, model: Any, total_steps: int) -> Any:
 def register_methods() -> None:
     """Make the bench's methods trainable by ``feather_sparse.train.train``.
 
-    ``train.METHODS`` is the training loop's extension point; this registers
+    ``train.PRUNER_BUILDERS`` is the training loop's extension point; this registers
     a builder for every baseline of ``baselines.METHODS`` it lacks and for
     ``feather-gmp``. Names already there are left alone, so a training loop
     that dispatches to the baselines itself takes precedence. Called before
     a sweep, in the main process and in every worker.
     """
     from feather_sparse.baselines import METHODS as BASELINES
-    from feather_sparse.train import METHODS
+    from feather_sparse.train import PRUNER_BUILDERS as METHODS
 
     for name in BASELINES.names():
         if name not in METHODS:
@@ -569,15 +569,16 @@ def _check_names(configs: Sequence[Mapping[str, Any]]) -> None:
     """Fail before any training when a method, model or data set is unknown."""
     from feather_sparse.data import DATASETS
     from feather_sparse.models import list_models
-    from feather_sparse.train import METHODS
+    from feather_sparse.train import PRUNER_BUILDERS, SUPPORTED_METHODS
 
     register_methods()
+    methods = sorted({*SUPPORTED_METHODS, *PRUNER_BUILDERS.names()})
     models = set(list_models())
     for cfg in configs:
-        if not cfg["dense"] and cfg["method"] not in METHODS:
+        if not cfg["dense"] and cfg["method"] not in methods:
             raise ValueError(
                 f"method {cfg['method']!r} is not a training method here; choose one of: "
-                f"{', '.join(METHODS.names())}"
+                f"{', '.join(methods)}"
             )
         if cfg["dataset"] not in DATASETS:
             raise ValueError(

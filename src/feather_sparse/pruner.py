@@ -20,12 +20,13 @@ Usage, like an LR scheduler::
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +41,9 @@ from feather_sparse.backbones import (
 )
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, compute_dtype
 from feather_sparse.schedules import SCHEDULES, CubicSchedule, Schedule
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = [
     "DEFAULT_INCLUDE",
@@ -297,6 +301,14 @@ class Pruner:
             the layer is pruned. With the guard active the overall sparsity can
             fall below the target (the capped layers keep more weights).
         check_finite: raise at :meth:`step` if a weight holds NaN or inf.
+        process_group: for *sharded* weights only — the ``torch.distributed``
+            group the prunable weights are sharded over. When the weights are
+            DTensors (FSDP2 ``fully_shard``, tensor parallel) each rank selects
+            on its local shard and the counts are all-reduced over this group,
+            so every rank gets the exact global threshold without gathering the
+            weights; ``None`` takes the group from the weights' device mesh.
+            Plain (replicated) weights, as under DDP, never use it: every rank
+            computes the identical threshold locally, with no communication.
 
     Raises:
         ValueError: for invalid arguments, a model with no prunable layer, or a
@@ -320,6 +332,7 @@ class Pruner:
         max_layer_sparsity: float | None = None,
         theta_rule: str = "paper",
         check_finite: bool = True,
+        process_group: ProcessGroup | None = None,
     ) -> None:
         # --- validate everything before touching the model -------------------
         if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)):
@@ -374,6 +387,13 @@ class Pruner:
                     "attached, or another parametrization is): call pruner.remove() or "
                     "pruner.finalize() on the earlier Pruner first"
                 )
+        if _fsdp_managed(model, targets):
+            raise ValueError(
+                "the model's prunable weights are already sharded by FSDP2 (fully_shard): attach "
+                "the Pruner to the unsharded model first, then call fully_shard (FSDP2 tracks "
+                "each parameter where it was registered, and the Pruner's parametrization moves it)"
+            )
+        ddp_indices = _ddp_reducer_indices(model)
         devices = {t.weight.device for t in targets}
         if len(devices) > 1 and self.backbone.name.startswith("global"):
             raise ValueError(
@@ -392,6 +412,7 @@ class Pruner:
         self.min_params = min_params
         self.max_layer_sparsity = max_layer_sparsity
         self.check_finite = check_finite
+        self.process_group = process_group
         self.targets = targets
         self._step = 0
         self._finished = False
@@ -416,7 +437,9 @@ class Pruner:
         except Exception:
             for t in attached:  # leave the model as we found it
                 parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
+            _reconnect_ddp(ddp_indices, [t.weight for t in attached])
             raise
+        _reconnect_ddp(ddp_indices, [t.weight for t in targets])
         self._current = self.scheduled_sparsity(0)
         logger.info(
             "Feather pruner attached to %d tensors (%s weights), target sparsity %.4g, theta %.3g",
@@ -465,12 +488,49 @@ class Pruner:
         """The stored dense weights (what the optimizer updates)."""
         return [t.weight for t in self.targets]
 
+    def _local_weights(self) -> tuple[list[Tensor], ProcessGroup | None]:
+        """This rank's part of each prunable weight (detached) and the group it is sharded over.
+
+        Plain tensors are whole weights (replicated under DDP): group None.
+        DTensors (FSDP2, tensor parallel) give their local shard and
+        ``process_group`` or their mesh's group. A replicated weight among
+        sharded ones is counted on the group's rank 0 only (an empty view
+        elsewhere), so every weight counts once.
+        """
+        weights = [w.detach() for w in self.weights()]
+        dtensor = _dtensor_type()
+        if dtensor is None or not any(isinstance(w, dtensor) for w in weights):
+            return weights, None
+        group = self.process_group
+        if group is None:
+            group = _common_shard_group([w for w in weights if isinstance(w, dtensor)])
+        if group is None:  # DTensors replicated on every mesh dimension
+            return [_to_local(w) if isinstance(w, dtensor) else w for w in weights], None
+        import torch.distributed as dist
+
+        first = dist.get_rank(group) == 0
+        local = []
+        for w in weights:
+            if isinstance(w, dtensor) and _shard_group(w) is not None:
+                local.append(_to_local(w))
+            else:
+                whole = _to_local(w) if isinstance(w, dtensor) else w
+                local.append(whole if first else whole.reshape(-1)[:0])
+        return local, group
+
     def _layer_zeros(self) -> list[int]:
-        counts = [
-            torch.count_nonzero(self.backbone.pruned_mask(i, w.detach(), th))
-            for i, (w, th) in enumerate(zip(self.weights(), self.thresholds()))
-        ]
-        return [int(c) for c in torch.stack(counts).tolist()]
+        weights, group = self._local_weights()
+        counts = torch.stack(
+            [
+                torch.count_nonzero(self.backbone.pruned_mask(i, w, th))
+                for i, (w, th) in enumerate(zip(weights, self.thresholds()))
+            ]
+        )
+        if group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+        return [int(c) for c in counts.tolist()]
 
     def sparsity_achieved(self) -> float:
         """The fraction of prunable weights the forward currently zeroes."""
@@ -515,10 +575,22 @@ class Pruner:
 
     # ------------------------------------------------------------------ updates
     def _compute_thresholds(self, sparsity: float) -> list[Tensor]:
-        weights = [w.detach() for w in self.weights()]
+        weights, group = self._local_weights()
+        if group is not None:
+            if not self.backbone.supports_sharding:
+                able = [n for n in BACKBONES.names() if BACKBONES.get(n).supports_sharding]
+                raise ValueError(
+                    f"backbone {self.backbone.name!r} does not support sharded (FSDP2/DTensor) "
+                    f"weights; use one that does ({', '.join(able)})"
+                )
+            self.backbone.process_group = group
         maxima = None
         if self.check_finite:
-            maxima = torch.stack([w.abs().amax().float() for w in weights])
+            # One read-only pass per tensor (aminmax propagates NaN and inf);
+            # |w|.amax() would also write a full-size temporary.
+            maxima = torch.stack([_abs_max(w) for w in weights])
+            if group is not None:
+                maxima = _all_reduce_max(maxima, group)
             if not bool(torch.isfinite(maxima).all()):
                 bad = [
                     t.name for t, m in zip(self.targets, maxima.tolist()) if not math.isfinite(m)
@@ -535,7 +607,7 @@ class Pruner:
                 f"{len(weights)} tensors"
             )
         if self.max_layer_sparsity is not None:
-            caps = layer_thresholds_at_most(weights, self.max_layer_sparsity)
+            caps = layer_thresholds_at_most(weights, self.max_layer_sparsity, group)
             thresholds = [torch.minimum(t, c.to(t)) for t, c in zip(thresholds, caps)]
         if maxima is not None and sparsity > 0:
             # Collapse check for free: a layer is fully pruned when T_l >= max |w_l|.
@@ -596,15 +668,24 @@ class Pruner:
         with exact zeros.
 
         Raises:
-            RuntimeError: if the Pruner was already finalized or removed.
+            RuntimeError: if the Pruner was already finalized or removed, or
+                the weights are sharded by FSDP2 (its modules cannot drop the
+                parametrization; see ``docs/distributed.md`` for the recipe).
         """
         self._check_attached()
+        self._check_unshardable("finalize")
         target = self.sparsity if sparsity is None else float(sparsity)
         self.update(target)
         for t in self.targets:
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=True)
         self._finished = True
-        zeros = sum(int(torch.count_nonzero(t.weight == 0)) for t in self.targets)
+        weights, group = self._local_weights()
+        counts = torch.stack([torch.count_nonzero(w == 0) for w in weights])
+        if group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+        zeros = int(counts.sum())
         achieved = zeros / self.num_params
         expected = round(target * self.num_params)
         if self.max_layer_sparsity is None and zeros < expected:
@@ -627,9 +708,18 @@ class Pruner:
     def remove(self) -> None:
         """Detach without baking: the model gets its dense weights back."""
         self._check_attached()
+        self._check_unshardable("remove")
         for t in self.targets:
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
         self._finished = True
+
+    def _check_unshardable(self, what: str) -> None:
+        if _fsdp_managed(self.model, self.targets):
+            raise RuntimeError(
+                f"{what}() needs unsharded weights, but FSDP2 shards them: take "
+                "pruner.dense_state_dict(pruned=True) (DTensors; .full_tensor() gathers one) and "
+                "load it into an unsharded copy of the model (docs/distributed.md shows how)"
+            )
 
     def _check_attached(self) -> None:
         if self._finished:
@@ -656,7 +746,7 @@ class Pruner:
                 continue
             plain = _join(t.name, "weight")
             if pruned:
-                out[plain] = self._parametrization(t)(value).detach()
+                out[plain] = _on_local_shard(self._parametrization(t), value).detach()
             else:
                 out[plain] = value
         return out
@@ -778,6 +868,151 @@ class Pruner:
             f"operator={self.operator!r}, theta={self.theta}, backbone={self.backbone.name!r}, "
             f"tensors={len(self.targets)}, params={self.num_params:,})"
         )
+
+
+def _dtensor_type() -> type | None:
+    """``torch.distributed.tensor.DTensor``, or None where torch has no distributed support."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - builds without torch.distributed
+        return None
+    return DTensor
+
+
+def _to_local(w: Any) -> Tensor:
+    """A DTensor's local shard (a plain tensor view, no communication)."""
+    local: Tensor = w.to_local()
+    return local
+
+
+def _ddp_reducer_indices(model: nn.Module) -> list[tuple[Any, dict[int, int]]]:
+    """Per ``DistributedDataParallel`` inside ``model``: where each parameter sits in its reducer.
+
+    Needed when the Pruner is attached *after* DDP wrapping (see
+    :func:`_reconnect_ddp`); taken before attaching, in DDP's own order (the
+    trainable, non-ignored parameters, in ``named_parameters`` order).
+
+    Raises:
+        ValueError: for DDP options under which the reconnection is not sound.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    out = []
+    for ddp in model.modules():
+        if not isinstance(ddp, DistributedDataParallel):
+            continue
+        if (
+            ddp.find_unused_parameters
+            or ddp.static_graph
+            or getattr(ddp, "mixed_precision", None) is not None
+            or not hasattr(ddp.reducer, "_autograd_hook")
+        ):
+            raise ValueError(
+                "attach the Pruner before wrapping the model in DistributedDataParallel when DDP "
+                "uses find_unused_parameters, static_graph or mixed_precision: "
+                "pruner = Pruner(model, ...); model = DistributedDataParallel(model)"
+            )
+        ignore = ddp.parameters_to_ignore
+        order = [p for n, p in ddp.module.named_parameters() if p.requires_grad and n not in ignore]
+        out.append((ddp, {id(p): i for i, p in enumerate(order)}))
+    return out
+
+
+def _fire_ddp_hook(ddp: Any, index: int, param: Tensor) -> None:
+    ddp.reducer._autograd_hook(index)
+
+
+def _reconnect_ddp(indices: list[tuple[Any, dict[int, int]]], params: Sequence[Tensor]) -> None:
+    """Reconnect DDP's gradient hooks to weights that a parametrization has re-set.
+
+    ``register_parametrization`` keeps each weight's ``Parameter`` object but
+    re-sets it in place (``Tensor.set_``), which gives it a fresh gradient
+    accumulator. DDP hooked the old one at construction, so its all-reduce
+    would never fire for these weights. Hooks registered on the tensor itself
+    (``register_post_accumulate_grad_hook``) survive such resets; each tells
+    the reducer that the weight's gradient is ready, as DDP does for its own
+    mixed-precision parameters.
+    """
+    for ddp, index in indices:
+        for p in params:
+            i = index.get(id(p))
+            if i is not None:
+                p.register_post_accumulate_grad_hook(functools.partial(_fire_ddp_hook, ddp, i))
+
+
+def _fsdp_managed(model: nn.Module, targets: Sequence[PruneTarget]) -> bool:
+    """Whether FSDP2 (``fully_shard``) has sharded any of the prunable weights."""
+    dtensor = _dtensor_type()
+    if dtensor is None or not any(isinstance(t.weight, dtensor) for t in targets):
+        return False
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return False
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def _on_local_shard(fn: Callable[[Tensor], Tensor], w: Tensor) -> Tensor:
+    """``fn(w)`` for an elementwise ``fn``; a DTensor's shards are mapped where they lie."""
+    dtensor = _dtensor_type()
+    if dtensor is None or not isinstance(w, dtensor):
+        return fn(w)
+    d: Any = w
+    local = fn(d.to_local())
+    out: Tensor = dtensor.from_local(  # type: ignore[attr-defined]
+        local, d.device_mesh, d.placements, run_check=False, shape=d.shape, stride=d.stride()
+    )
+    return out
+
+
+def _shard_group(w: Any) -> ProcessGroup | None:
+    """The group of the one mesh dimension a DTensor is sharded on (None: replicated)."""
+    dims = [i for i, p in enumerate(w.placements) if p.is_shard()]
+    if not dims:
+        return None
+    if len(dims) > 1:
+        raise ValueError(
+            f"a prunable weight is sharded on {len(dims)} mesh dimensions {tuple(w.placements)}; "
+            "pass Pruner(process_group=...) with the group spanning them"
+        )
+    group: ProcessGroup = w.device_mesh.get_group(dims[0])
+    return group
+
+
+def _common_shard_group(weights: Sequence[Any]) -> ProcessGroup | None:
+    import torch.distributed as dist
+
+    groups = [g for g in (_shard_group(w) for w in weights) if g is not None]
+    if not groups:
+        return None
+    ranks = {tuple(dist.get_process_group_ranks(g)) for g in groups}
+    if len(ranks) > 1:
+        raise ValueError(
+            f"the prunable weights are sharded over different process groups {sorted(ranks)}; "
+            "pass Pruner(process_group=...) with the one group to select over"
+        )
+    return groups[0]
+
+
+def _abs_max(w: Tensor) -> Tensor:
+    """``max |w|`` as float32 (0 for an empty shard), NaN if ``w`` holds a NaN.
+
+    ``torch.aminmax`` reads ``w`` once and writes nothing of its size.
+    """
+    if w.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=w.device)
+    lo, hi = torch.aminmax(w)
+    return torch.maximum(-lo.float(), hi.float())
+
+
+def _all_reduce_max(maxima: Tensor, group: ProcessGroup) -> Tensor:
+    """Elementwise max over the group, keeping NaN (a max reduction may drop it)."""
+    import torch.distributed as dist
+
+    finite = torch.isfinite(maxima)
+    both = torch.stack([torch.where(finite, maxima, 0.0), (~finite).float()])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    return torch.where(both[1] > 0, math.nan, both[0])
 
 
 def _overrides(obj: object, method: str) -> bool:

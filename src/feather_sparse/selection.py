@@ -16,13 +16,15 @@ time, a full-size copy). Here ``T`` is the exact k-th smallest ``|w|``,
    chunk size and the window, not by ``N``.
 3. If the k-th magnitude falls inside the window, ``torch.kthvalue`` on the
    gathered few gives ``T`` exactly. If not, the counts say on which side it
-   is; that side becomes the search interval, and is gathered whole if small,
-   else split evenly in the float bit pattern and counted with
-   ``torch.bucketize`` until a part is small (so the search always ends after
-   a few passes, even on adversarial inputs).
+   is, and that side becomes the next window. A window holding too many to
+   gather (over ``GATHER_CAP``) is instead histogrammed, in the same pass,
+   over 64 parts split evenly in the float bit pattern (``torch.bucketize``
+   on the in-window magnitudes only), and the part holding the answer is the
+   next window: each such pass divides the representable values left by 64,
+   so the search ends after a few passes even on adversarial inputs.
 
-Typically one pass suffices. The result is the same value a full sort would
-give, to the bit.
+Typically one pass suffices (two at a billion weights). The result is the
+same value a full sort would give, to the bit.
 
 Scaled magnitudes: every function takes an optional per-tensor ``scales``;
 element ``w`` of tensor ``i`` then counts as ``|w|·scales[i]`` (computed chunk
@@ -35,26 +37,49 @@ that magnitude, all of them satisfy ``|w| <= T``, so more than ``k`` weights
 are pruned (by the number of extra ties); exact zeros always count as pruned.
 With continuous-valued trained weights ties are rare, and with distinct
 magnitudes exactly ``k`` weights satisfy ``|w| <= T``.
+
+Across processes (``process_group``): when each rank holds only a *shard* of
+the weights (FSDP2 / DTensor, or layers split over ranks by hand), every rank
+passes its own shard and the same group. The search above runs on every rank
+in lock step, with each pass's *counts* all-reduced (SUM) over the group, so
+all ranks narrow the same interval and stop at the same pass; ``N`` and hence
+``k`` are global (an all-reduce of the local sizes). The weights are never
+gathered: the last step all-gathers only a candidate window of at most
+``CANDIDATE_CAP`` magnitudes *in total over all ranks* (it narrows further in
+float-bit space until the window is that small). Every rank returns the same
+value, bit for bit the one a single process gets on the concatenated weights.
+
+When every rank holds the *same, full* weights (DDP, replicated), no group is
+needed: each rank's local selection already gives the identical result, with
+no communication. Passing a group there would be wrong (each weight counted
+once per rank), so pass one only for sharded weights.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["count_at_most", "kth_magnitude", "scaled_magnitudes", "select_threshold"]
 
 # Elements processed at once: bounds the temporaries (magnitudes, bucket
 # indices) to a few tens of MB whatever the size of the tensors.
-CHUNK = 1 << 22
+CHUNK = 1 << 18
 # Strided sample used to place the first boundaries when no hint is given.
 SAMPLE = 1 << 16
 # Most elements kept from a window; a window that would hold more is dropped
 # and the next pass narrows further instead.
 GATHER_CAP = 1 << 22
+# Across processes: most magnitudes all-gathered in the final step, in total
+# over all ranks (256 KiB of float32), so communication never scales with N.
+CANDIDATE_CAP = 1 << 16
 
 
 def _work_dtype(tensors: Sequence[Tensor]) -> torch.dtype:
@@ -85,10 +110,13 @@ def _chunks(
     return out
 
 
-def _magnitudes(chunk: _Chunk, dtype: torch.dtype) -> Tensor:
-    """``|w|·scale`` of one chunk in ``dtype`` (one new temporary)."""
+def _magnitudes(chunk: _Chunk, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+    """``|w|·scale`` of one chunk in ``dtype``: a new temporary, or written into ``out``."""
     values, scale = chunk
-    a = values.abs() if values.dtype == dtype else values.to(dtype).abs_()
+    if out is not None:
+        a = torch.abs(values, out=out) if values.dtype == dtype else out.copy_(values).abs_()
+    else:
+        a = values.abs() if values.dtype == dtype else values.to(dtype).abs_()
     return a if scale == 1.0 else a.mul_(scale)
 
 
@@ -120,9 +148,12 @@ def _sample_window(chunks: list[_Chunk], dtype: torch.dtype, q: float) -> tuple[
 
     Taken from a strided sample of about ``SAMPLE`` magnitudes (no full copy):
     the sample quantile's standard error is ``sqrt(q(1-q)/m)``, and the window
-    spans four of them on each side.
+    spans four of them on each side. An empty shard gives the empty window
+    ``(inf, -inf]``, which the union over ranks ignores.
     """
     n = sum(c.numel() for c, _ in chunks)
+    if n == 0:
+        return math.inf, -math.inf
     parts = []
     for c, scale in chunks:
         want = max(1, round(SAMPLE * c.numel() / n))
@@ -156,90 +187,182 @@ def _split_evenly(lo: float, hi: float, dtype: torch.dtype, device: torch.device
     return ints.view(dtype).to(device)
 
 
-def _window_pass(
-    chunks: list[_Chunk], dtype: torch.dtype, lo: float, hi: float
-) -> tuple[int, int, Tensor | None]:
-    """One pass: ``#{|w| <= lo}``, ``#{lo < |w| <= hi}`` and those magnitudes.
+class _Comm:
+    """The few collectives the search needs; the identity in a single process.
 
-    The magnitudes are None when there are more than ``GATHER_CAP``. A
-    handful of cheap elementwise kernels per chunk (abs, two compares, a
-    count, a masked select); ``torch.bucketize`` would cost several times more.
+    Every rank calls each method at the same point of the search: the control
+    flow depends only on reduced (hence identical) values, as collectives
+    require.
     """
-    at_most_lo = torch.zeros((), dtype=torch.long, device=chunks[0][0].device)
-    in_window = torch.zeros((), dtype=torch.long, device=chunks[0][0].device)
-    inside: list[Tensor] | None = []
-    size = 0
-    for chunk in chunks:
-        a = _magnitudes(chunk, dtype)
-        low = a <= lo
-        at_most_lo += torch.count_nonzero(low)
-        mask = (a <= hi).logical_and_(low.logical_not_())
-        if inside is None:
-            in_window += torch.count_nonzero(mask)
-            continue
-        sel = a[mask]
-        size += sel.numel()
-        inside.append(sel)
-        if size > GATHER_CAP:  # too many to keep: count the rest, the caller narrows
-            in_window += size
-            inside = None
-    if inside is not None:
-        in_window += size
-    return int(at_most_lo), int(in_window), (None if inside is None else torch.cat(inside))
+
+    def __init__(self, group: ProcessGroup | None, device: torch.device) -> None:
+        self.group = group
+        self.device = device
+
+    def counts(self, *values: Tensor | int) -> list[int]:
+        """Local counts summed over the group, as Python ints (one host sync)."""
+        if self.group is None:
+            return [int(v) for v in values]
+        import torch.distributed as dist
+
+        t = torch.stack([torch.as_tensor(v, dtype=torch.long, device=self.device) for v in values])
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        out: list[int] = t.tolist()
+        return out
+
+    def union(self, lo: float, hi: float) -> tuple[float, float]:
+        """The smallest window holding every rank's window, so all ranks start alike."""
+        if self.group is None:
+            return lo, hi
+        import torch.distributed as dist
+
+        t = torch.tensor([lo, -hi], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        u_lo, neg_hi = t.tolist()
+        return u_lo, -neg_hi
+
+    def gather(self, inside: Tensor, total: int) -> Tensor:
+        """Every rank's candidates concatenated in rank order (``total`` in all, at most a cap).
+
+        Each rank pads its part to ``total`` with ``+inf``: the pads sort after
+        every candidate (or tie with an infinite one), so the k-th smallest
+        candidate is unchanged, and one fixed-size all-gather suffices.
+        """
+        if self.group is None:
+            return inside
+        import torch.distributed as dist
+
+        padded = torch.full((total,), math.inf, dtype=inside.dtype, device=inside.device)
+        padded[: inside.numel()] = inside
+        parts = [torch.empty_like(padded) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(parts, padded, group=self.group)
+        return torch.cat(parts)
 
 
-def _bucket_pass(chunks: list[_Chunk], dtype: torch.dtype, bounds: Tensor) -> list[int]:
-    """Cumulative counts ``#{|w| <= bounds[j]}`` for sorted ``bounds`` (the slow fallback)."""
-    counts = torch.zeros(bounds.numel() + 1, dtype=torch.long, device=bounds.device)
-    for chunk in chunks:
-        idx = torch.bucketize(_magnitudes(chunk, dtype), bounds, out_int32=True)
-        counts += torch.bincount(idx, minlength=bounds.numel() + 1)
-    cum: list[int] = torch.cumsum(counts, 0).tolist()
-    return cum[:-1]
+def _histogram(x: Tensor, bounds: Tensor) -> Tensor:
+    """Counts of ``x`` in the parts ``(.., b0], (b0, b1], ..., (b_last, ..]`` of ``bounds``."""
+    idx = torch.bucketize(x, bounds, out_int32=True)
+    return torch.bincount(idx, minlength=bounds.numel() + 1)
 
 
-def kth_magnitude(
-    tensors: Sequence[Tensor],
-    k: int,
-    *,
-    hint: Tensor | float | None = None,
-    hint_width: float = 0.01,
-    scales: Sequence[float] | None = None,
-) -> Tensor:
-    """The exact k-th smallest ``|w|`` over all elements of ``tensors`` (1-based ``k``).
+def _window_pass(
+    chunks: list[_Chunk],
+    dtype: torch.dtype,
+    device: torch.device,
+    lo: float,
+    hi: float,
+    cap: int,
+    bounds: Tensor,
+    always_histogram: bool,
+) -> tuple[Tensor, int, Tensor | None, Tensor | None]:
+    """One pass over the weights for the window ``(lo, hi]``.
 
-    Args:
-        tensors: any number of floating tensors, all on one device; they are
-            read, never copied whole or modified.
-        k: rank in ``[0, N]``; ``k = 0`` returns 0.
-        hint: a value expected to be close to the answer (the previous
-            threshold, during training). Affects speed only, never the result.
-        hint_width: relative half-width of the first window around ``hint``.
-        scales: optional positive factor per tensor: rank ``|w|·scales[i]``
-            instead of ``|w|`` (no scaled copy is made).
+    Four cheap elementwise kernels per chunk (abs, two compares, a masked
+    select) over the weights; anything more runs on the in-window few only.
 
     Returns:
-        A 0-d tensor on the tensors' device, of dtype float32 (float64 if any
-        tensor is float64), equal to the k-th smallest (scaled) magnitude.
-
-    Raises:
-        ValueError: if ``k`` is outside ``[0, N]``, no tensor is given, a scale
-            is not positive, or the k-th magnitude would be NaN.
+        ``#{|w| <= lo}``; ``#{lo < |w| <= hi}``; those magnitudes, or None
+        when more than ``cap``; and their histogram over the parts ``bounds``
+        cut the window into — computed once the magnitudes overflow the cap
+        (or always, with ``always_histogram``), else None.
     """
-    if not tensors:
+    at_most_lo = torch.zeros((), dtype=torch.long, device=device)
+    hist: Tensor | None = None
+    # Scratch buffers reused by every chunk: fresh multi-megabyte temporaries
+    # cost page faults on every allocation, more than the kernels themselves.
+    longest = max((c.numel() for c, _ in chunks), default=0)
+    a_buf = torch.empty(longest, dtype=dtype, device=device)
+    low_buf = torch.empty(longest, dtype=torch.bool, device=device)
+    mask_buf = torch.empty(longest, dtype=torch.bool, device=device)
+    # The magnitudes in the window are copied into one buffer as they are
+    # found, so that nothing small and long-lived sits between the per-chunk
+    # temporaries. Kept as hundreds of small tensors instead, they fragmented
+    # the heap: at a billion weights the process grew by 1.4 GB in one pass
+    # (benchmarks/bench_selection_1b.py).
+    kept: Tensor | None = None
+    keeping, size = True, 0
+    for chunk in chunks:
+        n = chunk[0].numel()
+        a = _magnitudes(chunk, dtype, out=a_buf[:n])
+        low = torch.le(a, lo, out=low_buf[:n])
+        at_most_lo += torch.count_nonzero(low)
+        mask = torch.le(a, hi, out=mask_buf[:n]).logical_and_(low.logical_not_())
+        sel = a[mask]
+        if keeping and size + sel.numel() > cap:  # too many to keep: histogram them instead
+            keeping = False
+            hist = _histogram(kept[:size] if kept is not None else sel[:0], bounds)
+            kept = None
+        if not keeping:
+            assert hist is not None
+            hist += _histogram(sel, bounds)
+        elif sel.numel():
+            if kept is None:
+                total = sum(c.numel() for c, _ in chunks)
+                kept = torch.empty(min(cap, total), dtype=dtype, device=device)
+            kept[size : size + sel.numel()] = sel
+        size += sel.numel()
+    if not keeping:
+        return at_most_lo, size, None, hist
+    inside = kept[:size] if kept is not None else torch.empty(0, dtype=dtype, device=device)
+    if always_histogram:
+        hist = _histogram(inside, bounds)
+    return at_most_lo, size, inside, hist
+
+
+def _device(tensors: Sequence[Tensor], group: ProcessGroup | None) -> torch.device:
+    if tensors:
+        return tensors[0].device
+    import torch.distributed as dist
+
+    if group is not None and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _check_group(group: ProcessGroup | None) -> None:
+    if group is None:
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "process_group was given but torch.distributed is not initialized: call "
+            "torch.distributed.init_process_group(...) first (torchrun sets the environment), "
+            "or pass process_group=None for a single process"
+        )
+
+
+def _select(
+    tensors: Sequence[Tensor],
+    rank_of: Callable[[int], int],
+    hint: Tensor | float | None,
+    hint_width: float,
+    scales: Sequence[float] | None,
+    group: ProcessGroup | None,
+) -> Tensor:
+    """The search behind :func:`kth_magnitude`; ``rank_of(N)`` gives ``k`` from the global ``N``."""
+    if not tensors and group is None:
         raise ValueError("kth_magnitude needs at least one tensor")
+    _check_group(group)
+    device = _device(tensors, group)
+    comm = _Comm(group, device)
     dtype = _work_dtype(tensors)
-    device = tensors[0].device
     n = sum(t.numel() for t in tensors)
+    if group is not None:  # global N, and float64 if any rank has float64 weights
+        n, any64 = comm.counts(n, int(dtype == torch.float64))
+        dtype = torch.float64 if any64 else torch.float32
+    k = rank_of(n)
     if not 0 <= k <= n:
         raise ValueError(f"k must be in [0, {n}], got {k}")
-    chunks = _chunks(tensors, dtype, scales)
+    chunks = _chunks(tensors, dtype, scales)  # validates the scales
     if k == 0:
         return torch.zeros((), dtype=dtype, device=device)
+    # A window holding more than `cap` magnitudes is narrowed, not gathered.
+    cap = GATHER_CAP if group is None else CANDIDATE_CAP
 
-    # Invariant: the answer lies in (lo, hi]; `below` = #{|w| <= lo}, `upto` = #{|w| <= hi}.
-    # lo = -1 stands for "nothing below"; NaN is never <= anything, so it is never counted.
-    lo, hi, below, upto = -1.0, math.inf, 0, n
+    # Invariant: the answer lies in (lo, hi]; lo = -1 stands for "nothing below".
+    # NaN is never <= anything, so it is never counted.
+    lo, hi = -1.0, math.inf
     h = float(hint) if hint is not None else 0.0
     if 0.0 < h < math.inf:
         # Boundaries are held as values of the working dtype, so that every
@@ -249,37 +372,79 @@ def kth_magnitude(
         )
     else:
         w_lo, w_hi = _sample_window(chunks, dtype, k / n)
+    w_lo, w_hi = comm.union(w_lo, w_hi)
     while True:
         exact = w_lo <= lo and w_hi >= hi  # the window is the whole interval
-        at_most_lo, in_window, inside = _window_pass(chunks, dtype, w_lo, w_hi)
-        count = at_most_lo + in_window
-        if at_most_lo < k <= count:
-            if inside is not None:
-                return torch.kthvalue(inside, k - at_most_lo).values
-            lo, hi, below, upto = w_lo, w_hi, at_most_lo, count  # too many to keep
+        bounds = _split_evenly(w_lo, min(w_hi, torch.finfo(dtype).max), dtype, device)
+        at_most_lo, n_inside, inside, hist = _window_pass(
+            chunks, dtype, device, w_lo, w_hi, cap, bounds, always_histogram=group is not None
+        )
+        if group is None:
+            a, m = int(at_most_lo), n_inside
+        else:  # one all-reduce: the two counts and the histogram
+            a, m, *hist_counts = comm.counts(
+                at_most_lo, n_inside, *(hist if hist is not None else [])
+            )
+            hist = torch.tensor(hist_counts)
+        if a < k <= a + m:  # in the window
+            if m <= cap and inside is not None:  # few enough to have been kept everywhere
+                return torch.kthvalue(comm.gather(inside, m), k - a).values
+            # Too many to gather: narrow to the part of the window that holds the answer.
+            if bounds.numel() == 0:  # w_lo and w_hi are adjacent floats: the answer is w_hi
+                return torch.tensor(w_hi, dtype=dtype, device=device)
+            assert hist is not None
+            cum: list[int] = (a + torch.cumsum(hist, 0)).tolist()
+            j = next(i for i, c in enumerate(cum) if c >= k)
+            lo = w_lo if j == 0 else float(bounds[j - 1])
+            hi = w_hi if j == bounds.numel() else float(bounds[j])
+        elif k <= a:
+            hi = w_lo
         elif exact:  # k beyond every comparable magnitude
             raise ValueError("the k-th magnitude is NaN: the weights contain NaN")
-        elif k <= at_most_lo:  # narrow to the side of the window that holds the answer
-            hi, upto = w_lo, at_most_lo
         else:
-            lo, below = w_hi, count
-        if upto - below <= GATHER_CAP:  # small enough: take the whole interval next pass
-            w_lo, w_hi = lo, hi
-            continue
-        # Still too many (rare): split evenly and count until a part is small enough.
-        while upto - below > GATHER_CAP:
-            bounds = _split_evenly(lo, min(hi, torch.finfo(dtype).max), dtype, device)
-            if bounds.numel() == 0:  # lo and hi are adjacent floats: the answer is hi
-                return torch.tensor(hi, dtype=dtype, device=device)
-            cum = _bucket_pass(chunks, dtype, bounds)
-            j = next((i for i, c in enumerate(cum) if c >= k), None)
-            if j is None:  # in (bounds[-1], hi]
-                lo, below = float(bounds[-1]), cum[-1]
-            else:
-                hi, upto = float(bounds[j]), cum[j]
-                if j > 0:
-                    lo, below = float(bounds[j - 1]), cum[j - 1]
-        w_lo, w_hi = lo, hi
+            lo = w_hi
+        w_lo, w_hi = lo, hi  # the next window is the whole interval left
+
+
+def kth_magnitude(
+    tensors: Sequence[Tensor],
+    k: int,
+    *,
+    hint: Tensor | float | None = None,
+    hint_width: float = 0.01,
+    scales: Sequence[float] | None = None,
+    process_group: ProcessGroup | None = None,
+) -> Tensor:
+    """The exact k-th smallest ``|w|`` over all elements of ``tensors`` (1-based ``k``).
+
+    Args:
+        tensors: any number of floating tensors, all on one device; they are
+            read, never copied whole or modified. With ``process_group``, this
+            rank's shard of the weights (may be empty).
+        k: rank in ``[0, N]``; ``k = 0`` returns 0. With ``process_group``,
+            ``N`` and ``k`` count the weights of all ranks together.
+        hint: a value expected to be close to the answer (the previous
+            threshold, during training). Affects speed only, never the result.
+        hint_width: relative half-width of the first window around ``hint``.
+        scales: optional positive factor per tensor: rank ``|w|·scales[i]``
+            instead of ``|w|`` (no scaled copy is made).
+        process_group: a ``torch.distributed`` group (e.g.
+            ``torch.distributed.group.WORLD``) over which the weights are
+            *sharded*: every rank of it must call this function with its own
+            shard and the same ``k``, and all get the same result. ``None``
+            (default): the tensors are all the weights. Do not pass a group
+            for replicated weights (DDP): each weight would count once per rank.
+
+    Returns:
+        A 0-d tensor on the tensors' device, of dtype float32 (float64 if any
+        tensor is float64), equal to the k-th smallest (scaled) magnitude.
+
+    Raises:
+        ValueError: if ``k`` is outside ``[0, N]``, no tensor is given (without
+            a group), a scale is not positive, the k-th magnitude would be NaN,
+            or a group is given but ``torch.distributed`` is not initialized.
+    """
+    return _select(tensors, lambda n: k, hint, hint_width, scales, process_group)
 
 
 def select_threshold(
@@ -289,6 +454,7 @@ def select_threshold(
     hint: Tensor | float | None = None,
     hint_width: float = 0.01,
     scales: Sequence[float] | None = None,
+    process_group: ProcessGroup | None = None,
 ) -> Tensor:
     """The threshold ``T`` that prunes a fraction ``sparsity`` of all weights.
 
@@ -297,12 +463,14 @@ def select_threshold(
     ``|w| <= T`` when magnitudes are distinct (ties: see the module docstring).
 
     Args:
-        tensors: the weights, all on one device.
+        tensors: the weights, all on one device (this rank's shard with a group).
         sparsity: fraction in ``[0, 1]``.
         hint: the previous threshold, for speed (see :func:`kth_magnitude`).
         hint_width: relative half-width of the first window around ``hint``.
         scales: optional positive factor per tensor; the threshold is then on
             ``|w|·scales[i]`` (see :func:`kth_magnitude`).
+        process_group: the group over which the weights are sharded; ``N`` is
+            then the total over all ranks (see :func:`kth_magnitude`).
 
     Returns:
         A 0-d tensor (float32, or float64 for float64 weights) on the weights' device.
@@ -317,7 +485,4 @@ def select_threshold(
     """
     if not 0.0 <= sparsity <= 1.0:
         raise ValueError(f"sparsity must be in [0, 1], got {sparsity}")
-    n = sum(t.numel() for t in tensors)
-    return kth_magnitude(
-        tensors, round(sparsity * n), hint=hint, hint_width=hint_width, scales=scales
-    )
+    return _select(tensors, lambda n: round(sparsity * n), hint, hint_width, scales, process_group)

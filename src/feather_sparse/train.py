@@ -31,15 +31,24 @@ checkpoint so that, on CPU, the weights are bit-identical to an uninterrupted
 run: model, optimizer, LR schedule, Pruner and every RNG state are restored,
 and the data loaders shuffle as a pure function of ``(seed, epoch)``.
 
-Distributed training is prepared, not implemented: the rank and world size
-come from ``distributed_context()`` (one place), are handed to the data
-loaders, and only rank 0 writes files.
+Distributed data parallel (DDP): under ``torchrun --nproc_per_node=N -m
+feather_sparse train ...`` the CLI joins the process group from the
+environment (``nccl`` on CUDA, one GPU per process by ``LOCAL_RANK``;
+``gloo`` on CPU). The rank and world size come from ``distributed_context()``
+(one place) and are handed to the data loaders, which give each rank its own
+shard of every epoch; the Pruner is attached to the bare model, which is then
+wrapped in ``DistributedDataParallel``, so every rank computes the identical
+threshold locally (see ``docs/distributed.md``). Evaluation sums are
+all-reduced; only rank 0 logs to the run folder and writes files, and the
+other ranks wait for each checkpoint (a barrier) before going on.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import importlib.util
 import json
 import logging
 import math
@@ -62,11 +71,14 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from feather_sparse._version import __version__
-from feather_sparse.pruner import DEFAULT_INCLUDE, Pruner, PrunerReport
+from feather_sparse.backbones import ASL_LR_SCALE
+from feather_sparse.baselines import METHODS, make_pruner
+from feather_sparse.pruner import DEFAULT_INCLUDE, PrunerReport
 from feather_sparse.recipes import (
     DEFAULT_RECIPE,
     TrainConfig,
     config_fields,
+    list_recipes,
     load_config,
     parse_override,
 )
@@ -74,8 +86,8 @@ from feather_sparse.registry import Registry
 
 __all__ = [
     "CHECKPOINT_FORMAT",
-    "METHODS",
     "RESUME_FREE_FIELDS",
+    "SUPPORTED_METHODS",
     "DistContext",
     "EpochCallback",
     "TrainResult",
@@ -87,6 +99,7 @@ __all__ = [
     "default_run_dir",
     "distributed_context",
     "evaluate",
+    "init_distributed",
     "load_checkpoint",
     "lr_factor",
     "resolve_device",
@@ -104,7 +117,7 @@ RUN_FORMAT = "feather-sparse-run"
 
 #: Config fields a resumed run may change: they move the run, not its numbers.
 RESUME_FREE_FIELDS = frozenset(
-    {"device", "data_dir", "num_workers", "eval_batch_size", "tensorboard", "recipe"}
+    {"device", "threads", "data_dir", "num_workers", "eval_batch_size", "tensorboard", "recipe"}
 )
 
 #: Where runs go when no run folder is given: ``runs/<recipe>-<method>-s<S>-<time>``.
@@ -155,65 +168,130 @@ def _all_reduce_sum(tensor: Tensor, ctx: DistContext) -> Tensor:
     return tensor
 
 
+def _barrier(ctx: DistContext) -> None:
+    """Wait for every process (after rank 0 wrote a checkpoint); nothing with one process."""
+    if ctx.world_size > 1:
+        torch.distributed.barrier()
+
+
+def _sync_buffers(model: nn.Module, ctx: DistContext) -> None:
+    """Rank 0's buffers (BatchNorm statistics) on every rank, as DDP does before a forward.
+
+    Each rank's last training forward updated its running statistics from its
+    own batch; evaluating with rank 0's makes every rank evaluate the model
+    that rank 0 checkpoints.
+    """
+    if ctx.world_size > 1:
+        for buf in model.buffers():
+            torch.distributed.broadcast(buf, src=0)
+
+
+def init_distributed(device: str = "auto") -> bool:
+    """Join the process group described by ``torchrun``'s environment, if any.
+
+    Does nothing with one process (``WORLD_SIZE`` unset or 1) or when a group
+    exists already. The backend is ``nccl`` when ``device`` resolves to CUDA
+    (each process then uses GPU ``LOCAL_RANK``), else ``gloo``.
+
+    Returns:
+        Whether this call initialised the group (the caller then destroys it).
+    """
+    dist = torch.distributed
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return False
+    if not dist.is_available():
+        raise RuntimeError("WORLD_SIZE > 1 but this torch build has no torch.distributed")
+    cuda = resolve_device(device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return True
+
+
 # ====================================================================== methods
-#: ``builder(config, model, total_steps) -> pruner``: one entry per sparsification
-#: method. A pruner has the ``Pruner`` interface (``step``, ``report``,
-#: ``finalize``, ``state_dict``, ...). Baselines register here.
-MethodBuilder = Callable[[TrainConfig, nn.Module, int], Any]
-METHODS: Registry[MethodBuilder] = Registry("method")
+#: The sparsification methods ``build_pruner`` knows (``config.method``): the
+#: registry of :mod:`feather_sparse.baselines`.
+SUPPORTED_METHODS = tuple(METHODS.names())
+
+#: Config fields a method other than ``feather`` decides itself unless the run
+#: sets them (GMP fixes the operator, Spartan its schedule, ...).
+_METHOD_FIELDS = ("operator", "p", "theta", "backbone")
+_SCHEDULE_FIELDS = ("schedule", "schedule_start", "schedule_end")
 
 
-@METHODS.register("feather")
-def _build_feather(config: TrainConfig, model: nn.Module, total_steps: int) -> Pruner:
-    """The paper's method: the Feather Pruner with the config's options."""
-    return Pruner(
-        model,
-        sparsity=config.sparsity,
-        total_steps=total_steps,
-        operator=config.operator,
-        p=config.p,
-        theta=config.theta,
-        theta_rule=config.theta_rule,
-        backbone=config.backbone,
-        schedule={
-            "name": config.schedule,
-            "start": config.schedule_start,
-            "end": config.schedule_end,
-        },
-        update_every=config.update_every,
-        exclude=config.exclude,
-        max_layer_sparsity=config.max_layer_sparsity,
-    )
+#: Extension point: more named sparsifiers, ``builder(config, model, total_steps) -> pruner``,
+#: consulted before :data:`~feather_sparse.baselines.METHODS` (the experiments register
+#: their variants here: Feather on the GMP and ASL+ backbones, ASL+ alone).
+PRUNER_BUILDERS: Registry[Callable[[TrainConfig, nn.Module, int], Any]] = Registry("method")
+
+
+def _check_method(config: TrainConfig) -> None:
+    if config.dense or config.method in SUPPORTED_METHODS or config.method in PRUNER_BUILDERS:
+        return
+    names = sorted({*SUPPORTED_METHODS, *PRUNER_BUILDERS.names()})
+    raise ValueError(f"method: unknown method {config.method!r}; choose one of: {', '.join(names)}")
 
 
 def build_pruner(config: TrainConfig, model: nn.Module, total_steps: int) -> Any | None:
     """The sparsifier a config asks for, attached to ``model``; ``None`` when dense.
 
-    The one place that turns a config into a pruner: new methods register a
-    builder in ``METHODS``.
+    The one place that turns a config into a pruner. For ``feather``, the
+    paper's method, the config's sparsity options map one to one onto the
+    :class:`~feather_sparse.pruner.Pruner`'s arguments. The other methods
+    (:data:`~feather_sparse.baselines.METHODS`: hard, soft, nonste, gmp, st3,
+    spartan) set their own operator, θ, backbone and schedule: those fields
+    left at their defaults are the method's to decide; one set to another
+    value is passed on, and the method refuses a value that contradicts it
+    (``--method st3 --backbone global-flops`` is ST-3σ; ``--method gmp
+    --operator soft`` is an error).
+    What is returned has the ``Pruner`` interface: ``step``, ``report``,
+    ``finalize``, ``state_dict``, ``dense_state_dict``, ...
 
     Raises:
-        ValueError: for an unknown method (naming the field and the choices).
+        ValueError: for an unknown method (naming the field and the choices),
+            or a field that contradicts the method.
     """
     if config.dense:
         return None
-    if config.method not in METHODS:
-        raise ValueError(
-            f"method: unknown method {config.method!r}; choose one of: {', '.join(METHODS.names())}"
-        )
-    builder: MethodBuilder = METHODS.get(config.method)
-    return builder(config, model, total_steps)
+    _check_method(config)
+    if config.method in PRUNER_BUILDERS:
+        return PRUNER_BUILDERS.get(config.method)(config, model, total_steps)
+    chosen: dict[str, Any] = {name: getattr(config, name) for name in _METHOD_FIELDS}
+    schedule: dict[str, Any] | None = {
+        "name": config.schedule,
+        "start": config.schedule_start,
+        "end": config.schedule_end,
+    }
+    if config.method != "feather":
+        default = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+        chosen = {k: v for k, v in chosen.items() if v != default[k]}
+        if all(getattr(config, k) == default[k] for k in _SCHEDULE_FIELDS):
+            schedule = None  # the method's own schedule (Spartan's linear ramp)
+    if schedule is not None:
+        chosen["schedule"] = schedule
+    return make_pruner(
+        model,
+        config.method,
+        sparsity=config.sparsity,
+        total_steps=total_steps,
+        theta_rule=config.theta_rule,
+        update_every=config.update_every,
+        exclude=config.exclude,
+        max_layer_sparsity=config.max_layer_sparsity,
+        **chosen,
+    )
 
 
 # ================================================================= optimisation
 def _param_groups(
-    model: nn.Module, pruner: Any | None, weight_decay: float
+    model: nn.Module, pruner: Any | None, weight_decay: float, pruner_lr: float | None = None
 ) -> list[dict[str, Any]]:
     """Weight decay on weights only: norm parameters and biases are 1-D and get none.
 
     The paper's CIFAR recipe (and its released code) exempts BatchNorm
     parameters and biases; every such parameter is a vector, so the rule is
-    ``ndim <= 1``. A pruner's own parameters (ASL+ thresholds) get no decay.
+    ``ndim <= 1``. A pruner's own parameters (ASL+ thresholds) get no decay,
+    and ``pruner_lr`` as their learning rate when given.
     """
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
@@ -227,7 +305,7 @@ def _param_groups(
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
-        {"params": extra, "weight_decay": 0.0},
+        {"params": extra, "weight_decay": 0.0} | ({} if pruner_lr is None else {"lr": pruner_lr}),
     ]
     return [g for g in groups if g["params"]]
 
@@ -236,7 +314,8 @@ def build_optimizer(
     config: TrainConfig, model: nn.Module, pruner: Any | None = None
 ) -> torch.optim.Optimizer:
     """SGD (momentum, optional Nesterov) or AdamW (β1 = momentum) over the model and pruner."""
-    groups = _param_groups(model, pruner, config.weight_decay)
+    # ASL trains its thresholds at lr/100 (ASL_LR_SCALE).
+    groups = _param_groups(model, pruner, config.weight_decay, config.lr * ASL_LR_SCALE)
     if config.optimizer == "sgd":
         return torch.optim.SGD(
             groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov
@@ -362,8 +441,9 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) -> None
 
     The bytes go to a temporary file in the same folder, are flushed to disk,
     and the file is renamed over ``path`` (``os.replace`` is atomic on one file
-    system): until the rename, the previous checkpoint stays in place; a crash
-    mid-write leaves it untouched and only a stray ``.tmp`` file behind.
+    system): until the rename, the previous checkpoint stays in place, so a
+    crash mid-write leaves it untouched. The temporary file is removed on an
+    exception; one left by a killed process is removed by the next save.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -378,6 +458,8 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) -> None
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a killed process
+        stale.unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # persist the rename itself (POSIX; best effort)
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -423,6 +505,12 @@ def default_run_dir(config: TrainConfig, root: str | os.PathLike[str] = DEFAULT_
         n += 1
         candidate = base.with_name(f"{base.name}-{n}")
     return candidate
+
+
+def _jsonable(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` through a JSON round trip (odd values become strings)."""
+    out: dict[str, Any] = json.loads(json.dumps(payload, default=str))
+    return out
 
 
 def _write_json(path: Path, payload: Any) -> None:
@@ -505,7 +593,9 @@ def evaluate(
 def _threshold_value(pruner: Any) -> float:
     """One number for the bar: the global threshold (the mean over layers otherwise)."""
     thresholds = pruner.thresholds()
-    return float(torch.stack([t.detach().double().reshape(()).cpu() for t in thresholds]).mean())
+    device = thresholds[0].device
+    values = [t.detach().double().reshape(()).to(device) for t in thresholds]
+    return float(torch.stack(values).mean())  # one host sync
 
 
 def _dense_table(model: nn.Module) -> str:
@@ -638,24 +728,40 @@ def _trim_metrics(path: Path, epochs_done: int) -> list[dict[str, Any]]:
     return kept
 
 
-def _save_model(model: nn.Module, spec: dict[str, Any], run_dir: Path) -> Path:
-    """``model.fsp`` through ``feather_sparse.export`` when present, else ``model.pt``."""
+def _export_unavailable() -> str | None:
+    """Why the compressed ``model.fsp`` cannot be written here, or None if it can."""
     try:
-        from feather_sparse.export import save_sparse
+        import feather_sparse.export  # noqa: F401
     except ImportError as err:
-        logger.warning(
-            "feather_sparse.export is not available (%s): saving the plain state_dict as "
-            "model.pt instead of the compressed model.fsp",
-            err,
-        )
-        path = run_dir / "model.pt"
-        torch.save(
-            {"format": "feather-sparse-model", "model": spec, "state_dict": model.state_dict()},
-            path,
-        )
-        return path
-    path = run_dir / "model.fsp"
-    save_sparse(model, path)
+        return f"feather_sparse.export does not import ({err})"
+    if importlib.util.find_spec("safetensors") is None:
+        return "safetensors is not installed (pip install 'feather-sparse[export]')"
+    return None
+
+
+def _save_model(
+    model: nn.Module, spec: dict[str, Any], run_dir: Path, metadata: dict[str, Any]
+) -> Path:
+    """``model.fsp`` (compressed, ``feather_sparse.export``), else a plain ``model.pt``.
+
+    A missing optional dependency at the end of a long run must not lose the
+    model: it is saved uncompressed instead, with a warning.
+    """
+    reason = _export_unavailable()
+    if reason is None:
+        from feather_sparse.export import save_sparse
+
+        path = run_dir / "model.fsp"
+        try:
+            save_sparse(model, path, metadata=metadata)
+            return path
+        except (ImportError, ValueError, RuntimeError) as err:
+            reason = f"save_sparse failed ({err})"
+    logger.warning("%s: saving the plain state_dict as model.pt instead of model.fsp", reason)
+    path = run_dir / "model.pt"
+    torch.save(
+        {"format": "feather-sparse-model", "model": spec, "state_dict": model.state_dict()}, path
+    )
     return path
 
 
@@ -669,6 +775,7 @@ class _Session:
     device: torch.device
     bundle: Any
     model: nn.Module
+    forward_model: nn.Module  # `model`, or its DistributedDataParallel wrapper
     spec: dict[str, Any]
     pruner: Any | None
     optimizer: torch.optim.Optimizer
@@ -701,7 +808,7 @@ def _setup(
     load_dataset: Callable[..., Any],
     create_model: Callable[..., nn.Module],
 ) -> _Session:
-    """Seed, load the data, build model, pruner, optimizer and LR schedule; restore a checkpoint."""
+    """Seed, load the data, build model, pruner, optimizer, LR schedule; restore a checkpoint."""
     _seed_everything(config.seed)
     if config.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -733,7 +840,12 @@ def _setup(
         if checkpoint["pruner"] is None:
             raise ValueError("cannot resume: the checkpoint is of a dense run")
         pruner.load_state_dict(checkpoint["pruner"])
-    # (The DDP helper wraps `model` here; the Pruner keeps the bare module.)
+    # The Pruner keeps the bare module; training runs through the DDP wrapper.
+    forward_model: nn.Module = model
+    if ctx.world_size > 1:
+        forward_model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     optimizer = build_optimizer(config, model, pruner)
     amp_dtype = torch.bfloat16 if config.amp_dtype == "bfloat16" else torch.float16
     session = _Session(
@@ -743,6 +855,7 @@ def _setup(
         device=device,
         bundle=bundle,
         model=model,
+        forward_model=forward_model,
         spec=spec,
         pruner=pruner,
         optimizer=optimizer,
@@ -789,7 +902,7 @@ def _write_run_info(s: _Session) -> None:
             "format": RUN_FORMAT,
             "version": __version__,
             "torch": torch.__version__,
-            "config": s.config.to_dict(),
+            "config": s.config.to_dict(s.spec),
             "model": s.spec,
             "data": {
                 "name": bundle.name,
@@ -819,7 +932,7 @@ def _train_epoch(s: _Session, progress: bool) -> tuple[float, float]:
     try:
         for i, (x, y) in enumerate(s.bundle.train):
             with s.autocast():
-                out = s.model(x)
+                out = s.forward_model(x)
                 loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
             # The backbone's extra loss term (ASL+'s sparsity loss; 0 for global).
             total = loss if pruner is None else loss + pruner.regularizer()
@@ -861,8 +974,8 @@ def _checkpoint_state(s: _Session, metrics: dict[str, Any]) -> dict[str, Any]:
         "version": __version__,
         "epoch": s.epoch,
         "step": s.step,
-        "config": s.config.to_dict(),
-        "model_spec": s.spec,
+        # The model entry is the spec {"name", "kwargs"}: enough to rebuild it.
+        "config": s.config.to_dict(s.spec),
         # Plain keys, loadable into the freshly created dense model.
         "model": pruner.dense_state_dict() if pruner is not None else s.model.state_dict(),
         "pruner": pruner.state_dict() if pruner is not None else None,
@@ -904,6 +1017,7 @@ def _finish(s: _Session, writer: Any, started: float) -> TrainResult:
         sparsity = 0.0
         table = _dense_table(s.model)
     target = 0.0 if config.dense else config.sparsity
+    _sync_buffers(s.model, s.ctx)
     test_loss, test_acc = evaluate(s.model, s.bundle.test, autocast=s.autocast, ctx=s.ctx)
     model_path: Path | None = None
     if s.ctx.is_main:
@@ -926,10 +1040,19 @@ def _finish(s: _Session, writer: Any, started: float) -> TrainResult:
             f"- epochs: {s.epoch}, steps: {s.step}\n\n"
             f"{table}\n"
         )
-        model_path = _save_model(s.model, s.spec, s.run_dir)
+        metadata = {
+            "source": "feather-sparse train",
+            "epoch": s.epoch,
+            "step": s.step,
+            "test_accuracy": test_acc,
+            "sparsity": sparsity,
+            "config": config.to_dict(s.spec),
+        }
+        model_path = _save_model(s.model, s.spec, s.run_dir, _jsonable(metadata))
         if writer is not None:
             writer.add_scalar("final/test_acc", test_acc, s.epoch)
             writer.add_scalar("final/sparsity", sparsity, s.epoch)
+    _barrier(s.ctx)
     logger.info(
         "final: test accuracy %.2f%%, sparsity %.4f (target %.4g)", 100 * test_acc, sparsity, target
     )
@@ -977,6 +1100,9 @@ def _train(
     )
     if ctx.is_main:
         _write_run_info(s)
+        reason = _export_unavailable()
+        if reason is not None:
+            logger.warning("%s: the model will be saved as model.pt, not model.fsp", reason)
     n_params = sum(p.numel() for p in s.model.parameters())
     logger.info(
         "%s: %s (%s params) on %s (%d train / %d test), %d epochs × %d steps, %s, device %s",
@@ -998,6 +1124,7 @@ def _train(
             epoch_start = time.perf_counter()
             train_loss, train_acc = _train_epoch(s, progress)
             s.epoch += 1
+            _sync_buffers(s.model, ctx)
             test_loss, test_acc = evaluate(s.model, s.bundle.test, autocast=s.autocast, ctx=ctx)
             pruner = s.pruner
             row: dict[str, Any] = {
@@ -1028,6 +1155,7 @@ def _train(
                         if key not in ("epoch", "step") and isinstance(value, (int, float)):
                             writer.add_scalar(key, value, s.epoch)
                     writer.flush()
+            _barrier(ctx)  # nobody runs ahead of (or resumes from) a half-written checkpoint
 
         if s.epoch < config.epochs:
             logger.info("stopped after epoch %d of %d (resumable)", s.epoch, config.epochs)
@@ -1104,13 +1232,12 @@ def train(
             f"dataset: unknown dataset {config.dataset!r}; choose one of: "
             f"{', '.join(DATASETS.names())}"
         )
-    if not config.dense and config.method not in METHODS:
-        raise ValueError(
-            f"method: unknown method {config.method!r}; choose one of: {', '.join(METHODS.names())}"
-        )
+    _check_method(config)
     if stop_after_epoch is not None and stop_after_epoch < 1:
         raise ValueError(f"stop_after_epoch must be >= 1, got {stop_after_epoch}")
     device = resolve_device(config.device)
+    if ctx.world_size > 1 and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())  # this rank's GPU
     if config.amp and device.type != "cuda":
         raise ValueError(f"amp: mixed precision needs a CUDA device, this run uses {device}")
 
@@ -1118,6 +1245,10 @@ def train(
         if resume:
             raise ValueError("resume needs the run folder to continue")
         run_dir = default_run_dir(config)
+        if ctx.world_size > 1:  # the time stamp of rank 0's clock, on every rank
+            names = [str(run_dir)]
+            torch.distributed.broadcast_object_list(names, src=0)
+            run_dir = names[0]
     run_path = Path(run_dir)
     ckpt_file = checkpoint_path(run_path)
     checkpoint: dict[str, Any] | None = None
@@ -1184,12 +1315,11 @@ def add_cli_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         f"the {DEFAULT_RECIPE!r} recipe. Every recipe field has a flag (--epochs 5, "
         "--sparsity 0.98, ...) and can also be set with --set field=value."
     )
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     run = parser.add_argument_group("run")
     run.add_argument(
         "--recipe",
         default=None,
-        help=f"bundled recipe (cifar100, imagenet, mnist1d) or a .toml path [{DEFAULT_RECIPE}]",
+        help=f"bundled recipe ({', '.join(list_recipes())}) or a .toml path [{DEFAULT_RECIPE}]",
     )
     run.add_argument(
         "--set",
@@ -1218,7 +1348,9 @@ def add_cli_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
-    fields = parser.add_argument_group("recipe fields (override the recipe)")
+    fields = parser.add_argument_group(
+        "recipe fields", "each overrides the recipe's value (see --print-config)"
+    )
     for f in config_fields():
         if f.name == "recipe":
             continue  # chosen with --recipe
@@ -1255,11 +1387,16 @@ def _cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _console_logging(verbose: int) -> Iterator[None]:
-    """Show the package's INFO lines (epoch summaries) on stderr, without prefixes."""
+def _console_logging(verbose: int, quiet: bool = False) -> Iterator[None]:
+    """Show the package's INFO lines (epoch summaries) on stderr, without prefixes.
+
+    ``quiet`` (the non-zero ranks of a distributed run) shows warnings and errors only.
+    """
     pkg = logging.getLogger("feather_sparse")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_ConsoleFormatter())
+    if quiet:
+        handler.setLevel(logging.WARNING)
     old = (pkg.level, pkg.propagate)
     pkg.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
     pkg.propagate = False
@@ -1300,14 +1437,27 @@ def run_cli(command: str, args: argparse.Namespace) -> int:
             print(f"{key} = {json.dumps(value)}")
         return 0
 
-    with _console_logging(getattr(args, "verbose", 0)):
-        result = train(
-            config,
-            run_dir,
-            resume=resume_dir is not None,
-            stop_after_epoch=args.stop_after_epoch,
-            progress=args.progress,
-        )
+    initialised = init_distributed(config.device)  # under torchrun: join the group
+    try:
+        main = distributed_context().is_main
+        with _console_logging(getattr(args, "verbose", 0), quiet=not main):
+            result = train(
+                config,
+                run_dir,
+                resume=resume_dir is not None,
+                stop_after_epoch=args.stop_after_epoch,
+                progress=args.progress,
+            )
+        if initialised:
+            # Leave together: a rank that tears gloo down while another still
+            # finishes its last collective aborts the process (seen under load).
+            # Not in `finally`: after a failure on one rank the others must not wait.
+            torch.distributed.barrier()
+    finally:
+        if initialised:
+            torch.distributed.destroy_process_group()
+    if not main:  # rank 0 prints the results
+        return 0
     if not result.completed:
         print(
             f"stopped after epoch {result.epochs}/{config.epochs}: test accuracy "

@@ -151,7 +151,7 @@ def create_model(name: str, num_classes: int | None = None, **kwargs: Any) -> nn
 
     Example:
         >>> model = create_model("resnet20", num_classes=10, width=None)
-        >>> model.feather_model_spec["kwargs"]["num_classes"]
+        >>> model.feather_model_spec["kwargs"].get("num_classes")
         10
     """
     entry = _entry(name)

@@ -118,13 +118,15 @@ class TrainConfig:
     tensorboard: bool = _f(True, "write TensorBoard logs when tensorboard is installed")
     # --- sparsity -------------------------------------------------------------
     dense: bool = _f(False, "train the dense baseline (no pruning)")
-    method: str = _f("feather", "sparsification method (see train.METHODS)")
+    method: str = _f(
+        "feather", "sparsification method: feather, hard, soft, nonste, gmp, st3, spartan"
+    )
     sparsity: float = _f(0.9, "final target sparsity over all prunable weights")
     operator: str = _f("feather", "thresholding operator: feather (p=3), soft, hard")
     p: float | None = _f(None, "operator power (overrides the operator's; inf = hard)")
     theta: float | str = _f("auto", "gradient scale of pruned weights in [0, 1], or auto")
     theta_rule: str = _f("paper", "auto theta boundary: paper (S >= 0.95) or released (S > 0.95)")
-    backbone: str = _f("global", "threshold backbone (global, ...)")
+    backbone: str = _f("global", "threshold backbone: global, uniform, global-flops, asl+")
     schedule: str = _f("cubic", "sparsity schedule: cubic, linear, constant")
     schedule_start: float = _f(0.0, "fraction of training where the sparsity ramp starts")
     schedule_end: float = _f(0.5, "fraction of training where the target sparsity is reached")
@@ -155,6 +157,8 @@ class TrainConfig:
         _choice(self, "theta_rule", ("paper", "released"))
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.nesterov and self.momentum == 0:
+            raise ValueError("nesterov needs momentum > 0, got momentum 0")
         if self.warmup_epochs > self.epochs:
             raise ValueError(
                 f"warmup_epochs ({self.warmup_epochs}) must not exceed epochs ({self.epochs})"
@@ -204,21 +208,44 @@ class TrainConfig:
                 )
 
     # ------------------------------------------------------------- conversions
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON/TOML-able dict (tuples become lists); ``from_dict`` inverts it."""
+    def to_dict(self, model_spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A JSON/TOML-able dict (tuples become lists); ``from_dict`` inverts it.
+
+        Args:
+            model_spec: the built model's ``{"name", "kwargs"}`` (its
+                ``feather_model_spec``); when given, it replaces the ``model``
+                name, so that the record alone rebuilds the architecture.
+        """
         out = dataclasses.asdict(self)
         out["exclude"] = list(self.exclude)
+        if model_spec is not None:
+            out["model"] = {"name": model_spec["name"], "kwargs": dict(model_spec["kwargs"])}
         return out
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
         """Build a config from a mapping of field values.
 
+        ``model`` may also be a table ``{name, kwargs}``, as run records
+        (``config.json``, checkpoints) write it with the model's resolved
+        arguments: its name is used, and its kwargs (without ``num_classes``,
+        which comes from the data set) when ``model_kwargs`` is not given.
+
         Raises:
             ValueError: for an unknown key (with suggestions) or a bad value.
         """
         _check_keys(values)
-        return cls(**dict(values))
+        values = dict(values)
+        model = values.get("model")
+        if isinstance(model, Mapping):
+            if not isinstance(model.get("name"), str):
+                raise ValueError(f"model must be a name or a table {{name, kwargs}}, got {model!r}")
+            values["model"] = model["name"]
+            if "model_kwargs" not in values:
+                kwargs = dict(model.get("kwargs") or {})
+                kwargs.pop("num_classes", None)
+                values["model_kwargs"] = kwargs
+        return cls(**values)
 
     def replace(self, **overrides: Any) -> TrainConfig:
         """A copy with ``overrides`` applied (checked like any other value)."""

@@ -1,0 +1,54 @@
+"""Run a function on N CPU processes with the ``gloo`` backend (test helper, not a test).
+
+``launch(fn, world)`` starts ``world`` fresh interpreters with
+``torch.multiprocessing.spawn``, initialises a process group on a free local
+port, calls ``fn(rank, world)`` in each and returns the per-rank results (any
+picklable value). An exception on any rank fails the launch with that rank's
+traceback; a collective that hangs is cut off by the group's timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+#: Longest any collective may wait before the group gives up (a hang becomes an error).
+COLLECTIVE_TIMEOUT = timedelta(seconds=60)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _entry(rank: int, world: int, port: int, out: str, fn: Callable[[int, int], Any]) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)  # two processes share the machine's cores
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
+    try:
+        result = fn(rank, world)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+
+
+def launch(fn: Callable[[int, int], Any], world: int = 2) -> list[Any]:
+    """``[fn(0, world), ..., fn(world - 1, world)]``, each run in its own process."""
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_entry, args=(world, free_port(), out, fn), nprocs=world, join=True)
+        return [pickle.loads(Path(out, f"rank{r}.pkl").read_bytes()) for r in range(world)]
