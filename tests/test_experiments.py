@@ -136,7 +136,10 @@ def test_cli_quick_on_the_bundled_data(tmp_path: Path, capsys: pytest.CaptureFix
     assert [line[:5] for line in err.splitlines() if line.startswith("[")] == ["[1/1]"]
     text = (tmp_path / "stability.md").read_text()
     assert "mnist1d, mnist1d_cnn; recipe mnist1d: 1 epochs" in text
-    assert "`feather-sparse bench stability --quick --set epochs=1 --thetas 0.5`" in text
+    command = (
+        f"`feather-sparse bench stability --quick --set epochs=1 --thetas 0.5 --out {tmp_path}`"
+    )
+    assert command in text
 
 
 # ------------------------------------------------------------------ tables, keys

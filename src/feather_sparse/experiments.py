@@ -425,144 +425,49 @@ def _load_outcome(run_dir: Path) -> RunOutcome | None:
 
 
 # ============================================================ training methods
-#: Methods the bench trains besides ``feather``, by ``train.PRUNER_BUILDERS`` name:
-#: every entry of ``baselines.METHODS`` (hard, soft, nonste, gmp, st3,
-#: spartan); ``feather-gmp``, Feather on the GMP backbone as the paper's
-#: appendix runs it (uniform per-layer sparsity, first conv dense); and the
-#: two ASL+ rows, ``asl+`` (ASL+ alone: hard thresholding, plain STE) and
-#: ``feather-asl+``, with the thresholds trained at ASL's learning rate.
+#: The bench's own method name: Feather on the GMP backbone as the paper's
+#: appendix runs it (uniform per-layer sparsity, first conv dense), which a
+#: ``TrainConfig`` cannot say (its ``backbone`` is a name, without options).
+#: Every other row is a plain config: ``method`` one of ``baselines.METHODS``,
+#: with ``backbone="asl+"`` for the ASL+ rows.
 FEATHER_GMP = "feather-gmp"
-ASL_PLUS = "asl+"
-FEATHER_ASL_PLUS = "feather-asl+"
 
 
-def _pruner_kwargs(config: Any) -> dict[str, Any]:
-    """The Pruner arguments a ``TrainConfig`` sets, as ``train``'s feather builder passes them."""
-    return {
-        "operator": config.operator,
-        "p": config.p,
-        "theta": config.theta,
-        "theta_rule": config.theta_rule,
-        "backbone": config.backbone,
-        "schedule": {
+def _build_feather_gmp(config: Any, model: Any, total_steps: int) -> Any:
+    """Feather (the config's operator, p and θ) on the uniform backbone, first conv dense."""
+    from feather_sparse.baselines import make_pruner
+
+    return make_pruner(
+        model,
+        "feather",
+        sparsity=config.sparsity,
+        total_steps=total_steps,
+        operator=config.operator,
+        p=config.p,
+        theta=config.theta,
+        theta_rule=config.theta_rule,
+        backbone={"name": "uniform", "keep_first_dense": True},
+        schedule={
             "name": config.schedule,
             "start": config.schedule_start,
             "end": config.schedule_end,
         },
-        "update_every": config.update_every,
-        "exclude": config.exclude,
-        "max_layer_sparsity": config.max_layer_sparsity,
-    }
-
-
-def _baseline_builder(name: str) -> Callable[[Any, Any, int], Any]:
-    """A ``train.PRUNER_BUILDERS`` builder running ``baselines.METHODS[name]``.
-
-    The config's Pruner settings are passed except those the method fixes or
-    brings its own default for (Spartan's schedule, GMP's backbone), so a
-    baseline runs as its authors define it; the rest (schedule, backbone of
-    hard/soft/ST-3, exclude, ...) are shared with Feather.
-    """
-
-    def build(config: Any, model: Any, total_steps: int) -> Any:
-        from feather_sparse.baselines import METHODS as BASELINES
-        from feather_sparse.baselines import make_pruner
-
-        method = BASELINES.get(name)
-        kwargs = _pruner_kwargs(config)
-        for key in (*method.fixed, *method.defaults):
-            kwargs.pop(key, None)
-        if "operator" in method.fixed:
-            kwargs.pop("p", None)  # p belongs to the operator the method fixes
-        return make_pruner(
-            model, method, sparsity=config.sparsity, total_steps=total_steps, **kwargs
-        )
-
-    build.__name__ = f"build_{name.replace('-', '_')}"
-    return build
-
-
-def _asl_lr_scaled_by_train() -> bool:
-    """Whether ``train.py`` itself gives backbone parameters ASL's ``lr·ASL_LR_SCALE``."""
-    import inspect
-
-    from feather_sparse import train as train_module
-
-    return "ASL_LR_SCALE" in inspect.getsource(train_module)
-
-
-def _asl_plus_pruner(config: Any, model: Any, total_steps: int, method: str) -> Any:
-    """``method`` (``feather`` or ``hard``) on the ASL+ backbone, thresholds at ASL's rate.
-
-    ASL trains its per-layer thresholds ``r_l`` at ``lr/100``
-    (``backbones.ASL_LR_SCALE``, ALGORITHMS.md). This version of the training
-    loop gives every backbone parameter the base rate, which lets ``r_l`` jump
-    to its clamp and empties whole layers at 99 %. Until it applies the scale
-    (detected by ``train.py`` naming ``ASL_LR_SCALE``), the gradients of
-    ``r_l`` are scaled here instead: with SGD and no weight decay on them
-    (``train._param_groups``) that is the same update as ``lr/100``.
-    """
-    from feather_sparse.backbones import ASL_LR_SCALE
-    from feather_sparse.baselines import METHODS as BASELINES
-    from feather_sparse.baselines import make_pruner
-
-    kwargs = _pruner_kwargs(config)
-    kwargs["backbone"] = "asl+"
-    spec = BASELINES.get(method)
-    for key in spec.fixed:
-        kwargs.pop(key, None)
-    if "operator" in spec.fixed:
-        kwargs.pop("p", None)
-    pruner = make_pruner(model, spec, sparsity=config.sparsity, total_steps=total_steps, **kwargs)
-    if not _asl_lr_scaled_by_train():
-        for param in pruner.parameters():
-            param.register_hook(lambda grad: grad * ASL_LR_SCALE)
-    return pruner
-
-
-def _build_asl_plus(config: Any, model: Any, total_steps: int) -> Any:
-    """ASL+ alone: hard thresholding with the plain STE (θ = 1) on the ASL+ backbone."""
-    return _asl_plus_pruner(config, model, total_steps, "hard")
-
-
-def _build_feather_asl_plus(config: Any, model: Any, total_steps: int) -> Any:
-    """Feather (the config's operator and θ) on the ASL+ backbone."""
-    return _asl_plus_pruner(config, model, total_steps, "feather")
-
-
-def _build_feather_gmp(config: Any, model: Any, total_steps: int) -> Any:
-    """Feather (the config's operator and θ) on the uniform backbone, first conv dense."""
-    from feather_sparse.baselines import make_pruner
-
-    kwargs = _pruner_kwargs(config)
-    kwargs["backbone"] = {"name": "uniform", "keep_first_dense": True}
-    return make_pruner(
-        model, "feather", sparsity=config.sparsity, total_steps=total_steps, **kwargs
+        update_every=config.update_every,
+        exclude=config.exclude,
+        max_layer_sparsity=config.max_layer_sparsity,
     )
 
 
 def register_methods() -> None:
-    """Make the bench's methods trainable by ``feather_sparse.train.train``.
+    """Register ``feather-gmp`` in ``train.PRUNER_BUILDERS``, the training loop's extension point.
 
-    ``train.PRUNER_BUILDERS`` is the training loop's extension point; this registers
-    a builder for every baseline of ``baselines.METHODS`` it lacks and for
-    ``feather-gmp``. Names already there are left alone, so a training loop
-    that dispatches to the baselines itself takes precedence. Called before
-    a sweep, in the main process and in every worker.
+    Called before a sweep, in the main process and in every worker; a name
+    already registered is left alone.
     """
-    from feather_sparse.baselines import METHODS as BASELINES
-    from feather_sparse.train import PRUNER_BUILDERS as METHODS
+    from feather_sparse.train import PRUNER_BUILDERS
 
-    for name in BASELINES.names():
-        if name not in METHODS:
-            METHODS.register(name, _baseline_builder(name))
-    for name, builder in (
-        (FEATHER_GMP, _build_feather_gmp),
-        (ASL_PLUS, _build_asl_plus),
-        (FEATHER_ASL_PLUS, _build_feather_asl_plus),
-    ):
-        if name not in METHODS:
-            METHODS.register(name, builder)
+    if FEATHER_GMP not in PRUNER_BUILDERS:
+        PRUNER_BUILDERS.register(FEATHER_GMP, _build_feather_gmp)
 
 
 def _check_names(configs: Sequence[Mapping[str, Any]]) -> None:
@@ -829,7 +734,8 @@ def _footer(ctx: Context) -> str:
         f"- machine: {machine_description(ctx.workers, cfg.get('threads') or 'default')}",
         f"- data and model: {cfg.get('dataset')}, {cfg.get('model')}; recipe "
         f"{cfg.get('recipe')}: {cfg.get('epochs')} epochs, batch {cfg.get('batch_size')}, "
-        f"{cfg.get('optimizer')} lr {cfg.get('lr')}, weight decay {cfg.get('weight_decay')}; "
+        f"{cfg.get('optimizer')} lr {cfg.get('lr')}, weight decay {cfg.get('weight_decay')}, "
+        f"gradient clipping {cfg.get('grad_clip') or 'none'}; "
         f"seeds {', '.join(map(str, ctx.opts.run_seeds))}",
         f"- runs: {len(unique)} ({ctx.executed} trained by this command, the others reused "
         f"from earlier results); summed run time {run_time / 60:.1f} min; this command's "
@@ -864,6 +770,8 @@ def _rebuild_command(name: str, opts: BenchOptions) -> str:
             args += [flag, ",".join(f"{v:g}" for v in values)]
     if opts.methods:
         args += ["--methods", ",".join(opts.methods)]
+    if opts.out != Path("results"):
+        args += ["--out", str(opts.out)]
     return shlex.join(args)
 
 
@@ -902,7 +810,7 @@ DENSE = "dense"
 #: ``compare``'s methods: label -> config fields (Table 1 of the paper).
 COMPARE_METHODS: dict[str, dict[str, Any]] = {
     "Feather-Global": {"method": "feather", "backbone": "global"},
-    "Feather-ASL+": {"method": FEATHER_ASL_PLUS},
+    "Feather-ASL+": {"method": "feather", "backbone": "asl+"},
     "ST-3": {"method": "st3"},
     "Spartan": {"method": "spartan"},
     "GMP": {"method": "gmp"},
@@ -922,8 +830,8 @@ OPERATOR_ROWS: dict[str, dict[str, Any]] = {
 BACKBONE_ROWS: dict[str, dict[str, Any]] = {
     "GMP": {"method": "gmp"},
     "Feather-GMP": {"method": FEATHER_GMP},
-    "ASL+": {"method": ASL_PLUS},
-    "Feather-ASL+": {"method": FEATHER_ASL_PLUS},
+    "ASL+": {"method": "hard", "backbone": "asl+"},
+    "Feather-ASL+": {"method": "feather", "backbone": "asl+"},
 }
 
 #: ``flops``' rows: Feather on each threshold backbone (appendix).
@@ -1468,7 +1376,7 @@ def run_experiment(
         pairs=pairs,
         executed=trained,
         elapsed=elapsed,
-        workers=min(opts.worker_count(), max(1, trained)),
+        workers=opts.worker_count(),
     )
     body, figures = experiment.summarize(ctx)
     title = f"{experiment.title} ({experiment.paper})"
