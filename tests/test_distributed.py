@@ -530,3 +530,25 @@ def test_torchrun_cli(tmp_path: Path) -> None:
     assert info["world_size"] == 2 and info["steps_per_epoch"] == 4
     final = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert final["final"] and final["sparsity"] == pytest.approx(0.9, abs=1e-4)
+
+
+def test_a_missed_hint_costs_one_pass_more_than_no_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a miss the next window comes from a sample, not from the whole side."""
+    passes = []
+    original = selection._window_pass
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        passes.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(selection, "_window_pass", counting)
+    monkeypatch.setattr(selection, "GATHER_CAP", 1000)  # as if the model were large
+    w = [torch.randn(300_000, generator=torch.Generator().manual_seed(3))]
+    expected = _sorted_kth(w, round(0.9 * w[0].numel()))
+    costs = {}
+    for name, hint in [("none", None), ("10x high", 10 * expected), ("10x low", expected / 10)]:
+        passes.clear()
+        assert float(selection.select_threshold(w, 0.9, hint=hint)) == expected
+        costs[name] = len(passes)
+    assert costs["10x high"] <= costs["none"] + 1
+    assert costs["10x low"] <= costs["none"] + 1

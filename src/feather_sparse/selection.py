@@ -364,7 +364,8 @@ def _select(
     # NaN is never <= anything, so it is never counted.
     lo, hi = -1.0, math.inf
     h = float(hint) if hint is not None else 0.0
-    if 0.0 < h < math.inf:
+    sampled = not 0.0 < h < math.inf
+    if not sampled:
         # Boundaries are held as values of the working dtype, so that every
         # comparison in every pass sees exactly the same number.
         w_lo, w_hi = (
@@ -403,7 +404,15 @@ def _select(
             raise ValueError("the k-th magnitude is NaN: the weights contain NaN")
         else:
             lo = w_hi
-        w_lo, w_hi = lo, hi  # the next window is the whole interval left
+        w_lo, w_hi = lo, hi  # the next window is the whole interval left...
+        if not sampled and not a < k <= a + m:
+            # ...unless the hint missed: then a sample places a narrow window
+            # in it, as without a hint (the whole side would take several
+            # histogramming passes to narrow down).
+            sampled = True
+            s_lo, s_hi = comm.union(*_sample_window(chunks, dtype, k / n))
+            if max(s_lo, lo) < min(s_hi, hi):
+                w_lo, w_hi = max(s_lo, lo), min(s_hi, hi)
 
 
 def kth_magnitude(
