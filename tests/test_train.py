@@ -123,6 +123,7 @@ def test_overrides_are_converted_like_recipe_values() -> None:
         ({"epochs": "many"}, "epochs"),
         ({"epochs": 2.5}, "epochs"),
         ({"epochs": 0}, "epochs"),
+        ({"eval_every": -1}, "eval_every"),
         ({"sparsity": 1.0}, "sparsity"),
         ({"theta": "sometimes"}, "theta"),
         ({"theta": 1.5}, "theta"),
@@ -331,6 +332,29 @@ def test_train_api_callbacks_and_finalized_model(tmp_path: Path) -> None:
     zeros = sum(int((w == 0).sum()) for w in weights)
     assert zeros / sum(w.numel() for w in weights) == pytest.approx(result.sparsity)
     assert not any("parametrizations" in name for name, _ in result.model.named_parameters())
+
+
+@pytest.mark.parametrize(("every", "tested"), [(2, [2, 4, 5]), (0, [])])
+def test_eval_every_tests_on_schedule_and_changes_no_weight(
+    tmp_path: Path, every: int, tested: list[int]
+) -> None:
+    straight = train(small_config(epochs=5), tmp_path / "every-epoch", progress=False)
+    sparse = train(small_config(epochs=5, eval_every=every), tmp_path / "sparse", progress=False)
+    rows = read_metrics(tmp_path / "sparse")
+    assert [r["epoch"] for r in rows if "test_acc" in r and not r.get("final")] == tested
+    assert rows[-1]["final"] and rows[-1]["test_acc"] == sparse.test_accuracy
+    # Testing reads the model only: the weights and the final accuracy are the same.
+    for a, b in zip(straight.model.state_dict().values(), sparse.model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert sparse.test_accuracy == straight.test_accuracy
+
+
+def test_eval_every_zero_still_tests_where_training_stops(tmp_path: Path) -> None:
+    half = train(
+        small_config(epochs=4, eval_every=0), tmp_path / "run", stop_after_epoch=2, progress=False
+    )
+    assert not half.completed and 0.0 <= half.test_accuracy <= 1.0
+    assert [r["epoch"] for r in read_metrics(tmp_path / "run") if "test_acc" in r] == [2]
 
 
 def test_resume_restores_every_rng(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ The run folder::
 
     RUN_DIR/config.json          resolved config, model spec {"name", "kwargs"}, data facts
     RUN_DIR/train.log            the log of every (resumed) session
-    RUN_DIR/metrics.jsonl        one JSON object per epoch, then the final one
+    RUN_DIR/metrics.jsonl        one JSON object per epoch (with test metrics if tested), then final
     RUN_DIR/checkpoints/last.pt  written atomically every epoch
     RUN_DIR/report.md            the final per-layer table
     RUN_DIR/model.fsp            the compressed model (``model.pt`` when export is missing)
@@ -117,7 +117,16 @@ RUN_FORMAT = "feather-sparse-run"
 
 #: Config fields a resumed run may change: they move the run, not its numbers.
 RESUME_FREE_FIELDS = frozenset(
-    {"device", "threads", "data_dir", "num_workers", "eval_batch_size", "tensorboard", "recipe"}
+    {
+        "device",
+        "threads",
+        "data_dir",
+        "num_workers",
+        "eval_batch_size",
+        "eval_every",
+        "tensorboard",
+        "recipe",
+    }
 )
 
 #: Where runs go when no run folder is given: ``runs/<recipe>-<method>-s<S>-<time>``.
@@ -987,16 +996,29 @@ def _checkpoint_state(s: _Session, metrics: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _test_due(config: TrainConfig, epoch: int, end_epoch: int) -> bool:
+    """Whether the model is tested after ``epoch``: every ``eval_every`` epochs and
+    after the last; with ``eval_every=0`` only where training stops early (the
+    final model is always tested by :func:`_finish`)."""
+    every = config.eval_every
+    if every and (epoch % every == 0 or epoch == config.epochs):
+        return True
+    return epoch == end_epoch < config.epochs
+
+
 def _log_epoch(row: dict[str, Any], epochs: int) -> None:
+    test = (
+        f"test loss {row['test_loss']:.4f} acc {100 * row['test_acc']:.2f}%"
+        if "test_acc" in row
+        else "test -"
+    )
     logger.info(
-        "epoch %d/%d  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  "
-        "sparsity %.4f  thr %.4g  lr %.4g  %.1fs",
+        "epoch %d/%d  train loss %.4f acc %.2f%%  %s  sparsity %.4f  thr %.4g  lr %.4g  %.1fs",
         row["epoch"],
         epochs,
         row["train_loss"],
         100 * row["train_acc"],
-        row["test_loss"],
-        100 * row["test_acc"],
+        test,
         row["sparsity"],
         row["threshold"],
         row["lr"],
@@ -1125,7 +1147,6 @@ def _train(
             train_loss, train_acc = _train_epoch(s, progress)
             s.epoch += 1
             _sync_buffers(s.model, ctx)
-            test_loss, test_acc = evaluate(s.model, s.bundle.test, autocast=s.autocast, ctx=ctx)
             pruner = s.pruner
             row: dict[str, Any] = {
                 "epoch": s.epoch,
@@ -1133,8 +1154,11 @@ def _train(
                 "lr": s.optimizer.param_groups[0]["lr"],
                 "train_loss": train_loss,
                 "train_acc": train_acc,
-                "test_loss": test_loss,
-                "test_acc": test_acc,
+            }
+            if _test_due(config, s.epoch, end_epoch):
+                test_loss, test_acc = evaluate(s.model, s.bundle.test, autocast=s.autocast, ctx=ctx)
+                row.update(test_loss=test_loss, test_acc=test_acc)
+            row |= {
                 "sparsity": pruner.sparsity_achieved() if pruner is not None else 0.0,
                 "scheduled_sparsity": pruner.scheduled_sparsity() if pruner is not None else 0.0,
                 "threshold": _threshold_value(pruner) if pruner is not None else 0.0,

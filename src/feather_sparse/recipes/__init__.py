@@ -96,6 +96,9 @@ class TrainConfig:
     epochs: int = _f(30, "training epochs")
     batch_size: int = _f(128, "training batch size (per process)")
     eval_batch_size: int | None = _f(None, "test batch size (default: batch_size)")
+    eval_every: int = _f(
+        1, "test the model every this many epochs and at the last (0: only the final model)"
+    )
     num_workers: int = _f(0, "loader worker processes (file-based data sets)")
     # --- optimisation -------------------------------------------------------
     optimizer: str = _f("sgd", f"optimizer: {', '.join(OPTIMIZERS)}")
@@ -148,7 +151,16 @@ class TrainConfig:
             _positive(self, "eval_batch_size")
         if self.threads is not None:
             _positive(self, "threads")
-        _non_negative(self, "num_workers", "seed", "weight_decay", "warmup_epochs", "min_lr", "lr")
+        _non_negative(
+            self,
+            "eval_every",
+            "num_workers",
+            "seed",
+            "weight_decay",
+            "warmup_epochs",
+            "min_lr",
+            "lr",
+        )
         if self.lr == 0:
             raise ValueError("lr must be > 0, got 0")
         _choice(self, "optimizer", OPTIMIZERS)
