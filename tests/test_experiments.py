@@ -84,7 +84,18 @@ def test_runs_are_cached_forced_and_failures_reported(
     opts = small_options(tmp_path, tmp_path / "runs", thetas=(0.5,))
     first = run_experiment("stability", opts)
     assert (first.runs, first.trained) == (1, 1)
-    assert run_experiment("stability", opts).trained == 0
+    cached = run_experiment("stability", opts)
+    assert cached.trained == 0
+    assert "0 trained by this command" in cached.page.read_text()
+    # After `bench all`'s shared pool, the page names that pool instead.
+    pooled = run_experiment("stability", opts, pool=(7, 150.0)).page.read_text()
+    assert "`bench all`: 7 runs trained in 2.5 min" in pooled
+    assert "0 trained by this command" not in pooled
+    # Bench runs test only the final model (eval_every=0): no per-epoch test rows.
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in rows if "test_acc" in r] == rows[-1:] and rows[-1]["final"]
+    assert json.loads((run_dir / "result.json").read_text())["test_acc_history"] == []
     forced = replace(opts, force=True)
     assert run_experiment("stability", forced).trained == 1
 

@@ -693,6 +693,7 @@ class Context:
     executed: int
     elapsed: float
     workers: int
+    pool: tuple[int, float] | None = None
 
     @property
     def out(self) -> Path:
@@ -744,6 +745,13 @@ def _footer(ctx: Context) -> str:
         f"from earlier results); summed run time {run_time / 60:.1f} min; this command's "
         f"wall time {ctx.elapsed / 60:.1f} min",
     ]
+    if ctx.pool is not None:
+        trained, seconds = ctx.pool
+        lines[-1] = (
+            f"- runs: {len(unique)}, trained together with the other experiments' runs in one "
+            f"pool (`bench all`: {trained} runs trained in {seconds / 60:.1f} min of wall time); "
+            f"summed run time of this page's runs {run_time / 60:.1f} min"
+        )
     if failed:
         lines.append(
             f"- **{len(failed)} run(s) failed**: "
@@ -1356,7 +1364,10 @@ class ExperimentResult:
 
 
 def run_experiment(
-    name: str | Experiment, opts: BenchOptions, on_progress: ProgressFn | None = None
+    name: str | Experiment,
+    opts: BenchOptions,
+    on_progress: ProgressFn | None = None,
+    pool: tuple[int, float] | None = None,
 ) -> ExperimentResult:
     """Run (or continue) an experiment and write its page, plots and raw results.
 
@@ -1364,6 +1375,9 @@ def run_experiment(
         name: a registered experiment name (``EXPERIMENTS.names()``) or an Experiment.
         opts: how to run it.
         on_progress: called after every finished run with ``(done, total, spec, outcome)``.
+        pool: ``(runs trained, seconds)`` of a pool that trained this
+            experiment's runs just before, with other experiments' (``bench
+            all``); the page then names that pool instead of "0 trained".
 
     Raises:
         ValueError: for an unknown experiment, method, model or data set, or an
@@ -1380,6 +1394,7 @@ def run_experiment(
         executed=trained,
         elapsed=elapsed,
         workers=opts.worker_count(),
+        pool=pool if pool is not None and trained == 0 else None,
     )
     body, figures = experiment.summarize(ctx)
     title = f"{experiment.title} ({experiment.paper})"
@@ -1531,15 +1546,17 @@ def run_cli(command: str, args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    pool: tuple[int, float] | None = None
     if len(names) > 1:
         # One pool over the union of every experiment's runs keeps all cores busy
         # to the end; the pages are then written from the stored results.
         specs = [spec for name in names for spec in EXPERIMENTS.get(name).plan(opts)]
         _, trained, elapsed = execute_runs(opts, specs, progress)
         print(f"all: {trained} runs trained in {elapsed / 60:.1f} min")
+        pool = (trained, elapsed) if trained else None
     failed = 0
     for name in names:
-        result = run_experiment(name, opts, progress)
+        result = run_experiment(name, opts, progress, pool)
         failed += result.failed
         print(
             f"{name}: {result.runs} runs ({result.trained} trained, {result.failed} failed) in "
