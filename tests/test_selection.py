@@ -143,3 +143,38 @@ def test_cuda() -> None:
         t = select_threshold(w, s)
         assert t.device.type == "cuda"
         assert float(t) == sort_reference([x.cpu() for x in w], round(s * 19_000))
+
+
+# ------------------------------------------------------------------- pass internals
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 1001])
+@pytest.mark.parametrize("density", [0.0, 0.01, 0.3, 1.0])
+def test_select_masked_equals_boolean_index(n: int, density: float) -> None:
+    g = torch.Generator().manual_seed(n)
+    a = torch.rand(n, generator=g)
+    mask = torch.rand(n, generator=g) < density
+    assert torch.equal(selection._select_masked(a, mask), a[mask])
+
+
+def test_pass_stats_give_each_tensors_max_magnitude(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(selection, "CHUNK", 50)  # several chunks per tensor
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(7, 30, generator=g), torch.empty(0), torch.randn(120, generator=g) * 5]
+    ws[0][3, 4] = -9.0  # the largest magnitude is negative
+    stats = selection.PassStats()
+    t = select_threshold(ws, 0.6, stats=stats)
+    assert float(t) == sort_reference(ws, round(0.6 * 330))
+    assert stats.abs_max is not None
+    assert stats.abs_max.tolist() == [9.0, 0.0, float(ws[2].abs().max())]
+    # No pass (k = 0): nothing measured, and nothing stale kept.
+    select_threshold(ws, 0.0, stats=stats)
+    assert stats.abs_max is None
+
+
+def test_pass_stats_propagate_nan() -> None:
+    ws = [torch.randn(100), torch.randn(100)]
+    ws[1][17] = math.nan
+    stats = selection.PassStats()
+    with pytest.raises(ValueError):
+        kth_magnitude(ws, 200, stats=stats)  # the 200th magnitude would be the NaN
+    assert stats.abs_max is not None
+    assert math.isfinite(stats.abs_max[0]) and math.isnan(stats.abs_max[1])
