@@ -17,9 +17,10 @@ time, a full-size copy). Here ``T`` is the exact k-th smallest ``|w|``,
 3. If the k-th magnitude falls inside the window, ``torch.kthvalue`` on the
    gathered few gives ``T`` exactly. If not, the counts say on which side it
    is, and that side becomes the next window. A window holding too many to
-   gather (over ``GATHER_CAP``) is instead histogrammed, in the same pass,
-   over 64 parts split evenly in the float bit pattern (``torch.bucketize``
-   on the in-window magnitudes only), and the part holding the answer is the
+   gather (over ``GATHER_CAP``, or 1/128 of all weights if more) is instead
+   histogrammed, in the same pass, over 64 parts split evenly in the float
+   bit pattern (``torch.bucketize`` on the in-window magnitudes only), and
+   the part holding the answer is the
    next window: each such pass divides the representable values left by 64,
    so the search ends after a few passes even on adversarial inputs.
 
@@ -79,11 +80,16 @@ __all__ = [
 # Elements processed at once: bounds the temporaries (magnitudes, bucket
 # indices) to a few tens of MB whatever the size of the tensors.
 CHUNK = 1 << 18
-# Strided sample used to place the first boundaries when no hint is given.
+# Strided sample used to place the first boundaries when no hint is given
+# (grown with the number of weights, up to SAMPLE_MAX; see _sample_size).
 SAMPLE = 1 << 16
-# Most elements kept from a window; a window that would hold more is dropped
-# and the next pass narrows further instead.
+SAMPLE_MAX = 1 << 21
+# Most elements kept from a window: GATHER_CAP, or one in GATHER_DIVISOR of
+# all weights if that is more (0.8 % of their memory: a hinted window of a
+# training step then fits at a billion weights too). A window that would hold
+# more is dropped and the next pass narrows further instead.
 GATHER_CAP = 1 << 22
+GATHER_DIVISOR = 128
 # Across processes: most magnitudes all-gathered in the final step, in total
 # over all ranks (256 KiB of float32), so communication never scales with N.
 CANDIDATE_CAP = 1 << 16
@@ -167,20 +173,42 @@ def count_at_most(
     return total
 
 
+def _gather_cap(n: int) -> int:
+    """Most magnitudes one pass gathers from ``n`` weights in a single process."""
+    return max(GATHER_CAP, n // GATHER_DIVISOR)
+
+
+def _sample_size(n: int, q: float) -> int:
+    """Sample size for :func:`_sample_window`: ``SAMPLE``, more when ``n`` is large.
+
+    The window of ±4 standard errors holds about ``8·sqrt(q(1-q)/m)·n``
+    magnitudes. Past a few hundred million weights that can exceed what a
+    pass gathers (:func:`_gather_cap`), and the pass would histogram instead,
+    costing a second pass; a sample large enough to keep the window at half
+    the cap avoids it (about 380 K magnitudes, 1.5 MB, at 10⁹ weights and
+    q = 0.9), up to ``SAMPLE_MAX``.
+    """
+    spread = math.sqrt(max(q * (1 - q), 1.0 / n))
+    needed = math.ceil((16 * spread * n / _gather_cap(n)) ** 2)
+    return max(SAMPLE, min(needed, SAMPLE_MAX, n))
+
+
 def _sample_window(chunks: list[_Chunk], dtype: torch.dtype, q: float) -> tuple[float, float]:
     """A window ``(lo, hi]`` likely to hold the ``q``-quantile of all magnitudes.
 
-    Taken from a strided sample of about ``SAMPLE`` magnitudes (no full copy):
-    the sample quantile's standard error is ``sqrt(q(1-q)/m)``, and the window
-    spans four of them on each side. An empty shard gives the empty window
-    ``(inf, -inf]``, which the union over ranks ignores.
+    Taken from a strided sample of ``m`` magnitudes (no full copy; ``m`` from
+    :func:`_sample_size`): the sample quantile's standard error is
+    ``sqrt(q(1-q)/m)``, and the window spans four of them on each side. An
+    empty shard gives the empty window ``(inf, -inf]``, which the union over
+    ranks ignores.
     """
     n = sum(c.numel() for c, _ in chunks)
     if n == 0:
         return math.inf, -math.inf
+    size = _sample_size(n, q)
     parts = []
     for c, scale in chunks:
-        want = max(1, round(SAMPLE * c.numel() / n))
+        want = max(1, round(size * c.numel() / n))
         step = max(1, c.numel() // want)
         parts.append(_magnitudes((c[::step], scale), dtype))
     sample = torch.sort(torch.cat(parts)).values  # small: about SAMPLE elements
@@ -430,7 +458,7 @@ def _select(
     if k == 0:
         return torch.zeros((), dtype=dtype, device=device)
     # A window holding more than `cap` magnitudes is narrowed, not gathered.
-    cap = GATHER_CAP if group is None else CANDIDATE_CAP
+    cap = _gather_cap(n) if group is None else CANDIDATE_CAP
 
     # Invariant: the answer lies in (lo, hi]; lo = -1 stands for "nothing below".
     # NaN is never <= anything, so it is never counted.
