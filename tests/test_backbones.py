@@ -312,7 +312,9 @@ def test_asl_sparsities_are_learned_and_non_uniform() -> None:
         pruner = fs.Pruner(model, 0.9, 40, backbone="asl+")
         opt = optimizer(model, pruner, lr=0.05)
         train(model, pruner, range(40), opt, task=task)
-        return [r.sparsity for r in pruner.report().layers], [float(r) for r in pruner.parameters()]
+        return [r.sparsity for r in pruner.report().layers], [
+            float(r.detach()) for r in pruner.parameters()
+        ]
 
     sparsities, r_task = run(1.0)
     _, r_reg_only = run(0.0)
