@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from _models import prune_
 from _timing import machine
 from feather_sparse.export import save_sparse
 
@@ -64,18 +65,6 @@ def reference_sizes(state: dict[str, torch.Tensor]) -> tuple[int, int]:
             zlib_bytes += t.numel() * t.element_size()
             coo_bytes += t.numel() * t.element_size()
     return zlib_bytes, coo_bytes
-
-
-def prune_(model: nn.Module, sparsity: float) -> nn.Module:
-    """Zero the smallest-magnitude fraction of every conv/linear weight (per layer)."""
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.Linear | nn.Conv1d | nn.Conv2d):
-                w = module.weight
-                k = int(sparsity * w.numel())
-                if k:
-                    w[w.abs() <= w.abs().flatten().kthvalue(k).values] = 0
-    return model
 
 
 def measure(label: str, model: nn.Module, workdir: Path) -> str:

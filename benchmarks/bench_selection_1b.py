@@ -38,7 +38,7 @@ import torch
 
 from _timing import machine
 from feather_sparse import selection
-from feather_sparse.selection import GATHER_CAP, count_at_most, select_threshold
+from feather_sparse.selection import _gather_cap, count_at_most, select_threshold
 
 STATUS = Path("/proc/self/status")
 LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -164,12 +164,13 @@ def main() -> None:
             f"| {name} | {p['all']} ({p['histogram']}) | {sec:.1f} "
             f"| {sec / count_s:.1f}× | {mib:,.1f} | {mib / weight_mib:.2%} |"
         )
+    cap = _gather_cap(n)
     print(
         f"\nMedians of {args.repeats} interleaved repeats; peaks are the largest seen. One "
         f"counting pass (count_at_most: abs, compare, count per chunk) took {count_s:.1f} s, "
         "the floor of any pass over the weights.\n"
         f"T = {value!r}: {below:,} weights below it, {at_most:,} at most it, k = {k:,} "
-        f"(exact). Window cap {GATHER_CAP:,} magnitudes = {GATHER_CAP * 4 / 2**20:.0f} MiB.\n"
+        f"(exact). Window cap {cap:,} magnitudes = {cap * 4 / 2**20:.0f} MiB.\n"
         f"A concatenate-and-sort reference would need about {16 * n / 2**20:,.0f} MiB extra "
         f"({16 * n / 2**20 / weight_mib:.0%} of the weights)."
     )

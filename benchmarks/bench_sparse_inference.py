@@ -26,23 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from _models import prune_
 from _timing import machine
 from feather_sparse.export import SparseLinear, _to_csr_int32, to_sparse_inference
 
 SPARSITIES = (0.90, 0.95, 0.98, 0.99)
 BATCHES = (1, 64)
-
-
-def prune_(model: nn.Module, sparsity: float) -> nn.Module:
-    """Zero the smallest-magnitude fraction of every conv/linear weight (per layer)."""
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.Linear | nn.Conv1d | nn.Conv2d):
-                w = module.weight
-                k = int(sparsity * w.numel())
-                if k:
-                    w[w.abs() <= w.abs().flatten().kthvalue(k).values] = 0
-    return model
 
 
 def calls_per_sample(fn: Callable[[], object], target_s: float = 0.005) -> int:

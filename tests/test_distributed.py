@@ -461,6 +461,7 @@ def test_single_process_path_is_exact_under_any_cap(
 ) -> None:
     """Windows too full to gather are histogrammed and narrowed, down to one float if need be."""
     monkeypatch.setattr(selection, "GATHER_CAP", cap)
+    monkeypatch.setattr(selection, "GATHER_DIVISOR", 1 << 62)  # the cap is GATHER_CAP
     for kind in ("randn", "ties", "zeros"):
         full = _weights(kind)
         n = sum(t.numel() for t in full)
@@ -543,6 +544,7 @@ def test_a_missed_hint_costs_one_pass_more_than_no_hint(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(selection, "_window_pass", counting)
     monkeypatch.setattr(selection, "GATHER_CAP", 1000)  # as if the model were large
+    monkeypatch.setattr(selection, "GATHER_DIVISOR", 1 << 62)  # the cap is GATHER_CAP
     w = [torch.randn(300_000, generator=torch.Generator().manual_seed(3))]
     expected = _sorted_kth(w, round(0.9 * w[0].numel()))
     costs = {}

@@ -232,15 +232,17 @@ def test_cuda_matches_cpu(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("p", [1.0, 2.0, 2.5, 3.0, math.inf])
 @pytest.mark.parametrize("theta", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("t_value", [0.0, 0.8])
 def test_blockwise_equals_single_block(
-    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, p: float, theta: float
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, p: float, theta: float, t_value: float
 ) -> None:
     import feather_sparse.ops as ops
 
     w = (torch.randn(3, 1000) * 2).to(dtype)
     w[0, :10] = 0.0  # exact zeros
+    w[1, :10] = -0.0
     g = torch.randn(3, 1000).to(dtype)
-    t = torch.tensor(0.8)
+    t = torch.tensor(t_value)
 
     def run() -> tuple[torch.Tensor, torch.Tensor]:
         x = w.clone().requires_grad_()
@@ -255,3 +257,72 @@ def test_blockwise_equals_single_block(
     assert torch.equal(single[1], blocked[1])
     assert not torch.signbit(blocked[0][blocked[0] == 0]).any()
     assert blocked[0].shape == w.shape and blocked[1].shape == w.shape
+
+
+# ------------------------------------------------------------------- output cache
+def _cached_forward(w: torch.Tensor, cache: fs.ops.OutputCache, t: float = 0.5) -> torch.Tensor:
+    return fs.threshold(w, torch.tensor(t), cache=cache)
+
+
+def test_output_cache_reuses_memory_only_when_nothing_holds_it() -> None:
+    w = torch.randn(300, 300, requires_grad=True)  # above one block: the CPU blockwise path
+    cache = fs.ops.OutputCache()
+    first = _cached_forward(w, cache)
+    ptr = first.data_ptr()
+    kept = first.detach().clone()
+    # `first` is still referenced: the next call must not write into it.
+    second = _cached_forward(w, cache, t=1.0)
+    assert second.data_ptr() != ptr
+    assert torch.equal(first, kept)
+    del first, second
+    # Nothing holds the cached output any more: its memory is reused.
+    third = _cached_forward(w, cache)
+    fourth_ptr = third.data_ptr()
+    assert torch.equal(third, kept)
+    del third
+    assert _cached_forward(w, cache).data_ptr() == fourth_ptr
+
+
+def test_output_cache_training_gradients_match_uncached() -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(300, 300)
+    x = torch.randn(8, 300)
+    t = torch.tensor(0.02)
+
+    def grads(cache: fs.ops.OutputCache | None) -> list[torch.Tensor]:
+        out = []
+        for _ in range(3):  # later steps run on the reused memory
+            layer.weight.grad = None
+            w = fs.threshold(layer.weight, t, theta=0.5, cache=cache)
+            # The same effective weight used twice in one graph (weight sharing).
+            y = torch.nn.functional.linear(torch.nn.functional.linear(x, w), w)
+            y.square().sum().backward()
+            out.append(layer.weight.grad.clone())
+        return out
+
+    cache = fs.ops.OutputCache()
+    for a, b in zip(grads(None), grads(cache)):
+        assert torch.equal(a, b)
+
+
+def test_output_cache_weight_used_twice_gets_fresh_memory() -> None:
+    # The second call while the first output is saved by the graph must not
+    # overwrite it (autograd would raise on backward if it did).
+    w = torch.randn(300, 300, requires_grad=True)
+    cache = fs.ops.OutputCache()
+    x = torch.randn(4, 300)
+    a = torch.nn.functional.linear(x, _cached_forward(w, cache))
+    b = torch.nn.functional.linear(x, _cached_forward(w, cache, t=0.7))
+    (a.sum() + b.sum()).backward()
+    assert w.grad is not None
+
+
+def test_output_cache_not_used_without_grad() -> None:
+    w = torch.randn(300, 300, requires_grad=True)
+    cache = fs.ops.OutputCache()
+    _cached_forward(w, cache)
+    assert cache._out is not None
+    with torch.no_grad():
+        out = _cached_forward(w, cache)
+    assert cache._out is None  # evaluation gives the memory back
+    assert torch.equal(out, fs.threshold(w.detach(), torch.tensor(0.5)))

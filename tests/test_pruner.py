@@ -408,3 +408,21 @@ def test_cuda_training_matches_reference_threshold() -> None:
     assert pruner.thresholds()[0].device.type == "cuda"
     ref = sort_threshold([w.cpu() for w in pruner.weights()], pruner.scheduled_sparsity())
     assert float(pruner.thresholds()[0]) == float(ref)
+
+
+def test_global_backbone_checks_finiteness_without_an_extra_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import feather_sparse.pruner as pruner_module
+
+    model = SmallCNN()
+    pruner = fs.Pruner(model, 0.5, 10, schedule="constant")
+    calls = []
+    original = pruner_module._abs_max
+    monkeypatch.setattr(pruner_module, "_abs_max", lambda w: calls.append(1) or original(w))
+    pruner.step()
+    assert calls == []  # the selection's own pass measured max |w|
+    with torch.no_grad():
+        pruner.weights()[1][0, 0] = math.nan
+    with pytest.raises(RuntimeError, match=r"non-finite weights"):
+        pruner.step()

@@ -119,6 +119,7 @@ def test_fallback_paths_small_caps(monkeypatch: pytest.MonkeyPatch, hint: float 
     # Tiny chunks and gather caps force the multi-pass and bit-split paths.
     monkeypatch.setattr(selection, "CHUNK", 37)
     monkeypatch.setattr(selection, "GATHER_CAP", 5)
+    monkeypatch.setattr(selection, "GATHER_DIVISOR", 1 << 62)  # the cap is GATHER_CAP
     g = torch.Generator().manual_seed(1)
     w = [
         torch.randn(400, generator=g),
@@ -143,3 +144,66 @@ def test_cuda() -> None:
         t = select_threshold(w, s)
         assert t.device.type == "cuda"
         assert float(t) == sort_reference([x.cpu() for x in w], round(s * 19_000))
+
+
+# ------------------------------------------------------------------- pass internals
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 1001])
+@pytest.mark.parametrize("density", [0.0, 0.01, 0.3, 1.0])
+def test_select_masked_equals_boolean_index(n: int, density: float) -> None:
+    g = torch.Generator().manual_seed(n)
+    a = torch.rand(n, generator=g)
+    mask = torch.rand(n, generator=g) < density
+    assert torch.equal(selection._select_masked(a, mask), a[mask])
+
+
+def test_pass_stats_give_each_tensors_max_magnitude(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(selection, "CHUNK", 50)  # several chunks per tensor
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(7, 30, generator=g), torch.empty(0), torch.randn(120, generator=g) * 5]
+    ws[0][3, 4] = -9.0  # the largest magnitude is negative
+    stats = selection.PassStats()
+    t = select_threshold(ws, 0.6, stats=stats)
+    assert float(t) == sort_reference(ws, round(0.6 * 330))
+    assert stats.abs_max is not None
+    assert stats.abs_max.tolist() == [9.0, 0.0, float(ws[2].abs().max())]
+    # No pass (k = 0): nothing measured, and nothing stale kept.
+    select_threshold(ws, 0.0, stats=stats)
+    assert stats.abs_max is None
+
+
+def test_pass_stats_propagate_nan() -> None:
+    ws = [torch.randn(100), torch.randn(100)]
+    ws[1][17] = math.nan
+    stats = selection.PassStats()
+    with pytest.raises(ValueError):
+        kth_magnitude(ws, 200, stats=stats)  # the 200th magnitude would be the NaN
+    assert stats.abs_max is not None
+    assert math.isfinite(stats.abs_max[0]) and math.isnan(stats.abs_max[1])
+
+
+def test_sample_grows_with_n_to_keep_the_first_window_gatherable() -> None:
+    assert selection._sample_size(10**6, 0.9) == selection.SAMPLE
+    for n in (10**9, 3 * 10**9):
+        m = selection._sample_size(n, 0.9)
+        window = 8 * math.sqrt(0.9 * 0.1 / m) * n  # ±4 standard errors of the quantile
+        assert m > selection.SAMPLE and window <= selection._gather_cap(n) / 2
+    assert selection._gather_cap(10**9) == 10**9 // selection.GATHER_DIVISOR
+
+
+def test_gather_cap_scales_with_n(monkeypatch: pytest.MonkeyPatch) -> None:
+    passes = []
+    original = selection._window_pass
+
+    def counting(*args: object, **kwargs: object) -> object:
+        passes.append(args[5])  # the cap
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(selection, "_window_pass", counting)
+    monkeypatch.setattr(selection, "GATHER_CAP", 10)
+    monkeypatch.setattr(selection, "GATHER_DIVISOR", 100)
+    w = [torch.randn(100_000, generator=torch.Generator().manual_seed(0))]
+    t = sort_reference(w, 90_000)
+    # A ±1 % window around the answer holds a few hundred magnitudes: over
+    # GATHER_CAP, under n / GATHER_DIVISOR = 1000, so one pass suffices.
+    assert float(kth_magnitude(w, 90_000, hint=t)) == t
+    assert passes == [1000]

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from feather_sparse.ops import Operator
 from feather_sparse.registry import Registry
-from feather_sparse.selection import kth_magnitude, scaled_magnitudes, select_threshold
+from feather_sparse.selection import PassStats, kth_magnitude, scaled_magnitudes, select_threshold
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -108,6 +108,8 @@ class Backbone:
     name = "backbone"
     #: Whether :meth:`thresholds` handles local shards plus ``process_group``.
     supports_sharding = False
+    #: Whether :meth:`abs_max` reports what :meth:`thresholds` measured.
+    measures_abs_max = False
     #: The group the weights given to :meth:`thresholds` are sharded over (None: not sharded).
     process_group: ProcessGroup | None = None
 
@@ -141,6 +143,17 @@ class Backbone:
         hook only when a backbone overrides it, so the plain path costs nothing.
         """
         return operator(weight, threshold, theta)
+
+    def abs_max(self) -> Tensor | None:
+        """Each tensor's ``max |w|`` as measured by the last :meth:`thresholds` call, or None.
+
+        A backbone whose search reads every weight anyway can report it here
+        for free (and set ``measures_abs_max = True``); the Pruner then skips
+        its own pass for the finite-weight and layer-collapse checks and
+        checks after the search instead of before. Default: None (the Pruner
+        measures).
+        """
+        return None
 
     def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
         """Which entries of tensor ``index`` the forward zeroes; default ``|w| <= T``."""
@@ -207,10 +220,12 @@ class GlobalBackbone(Backbone):
 
     name = "global"
     supports_sharding = True
+    measures_abs_max = True
 
     def __init__(self, process_group: ProcessGroup | None = None) -> None:
         self.process_group = process_group
         self._warm = _WarmStart()
+        self._stats = PassStats()
 
     def thresholds(self, weights: Sequence[Tensor], sparsity: float) -> list[Tensor]:
         t = select_threshold(
@@ -219,9 +234,15 @@ class GlobalBackbone(Backbone):
             hint=self._warm.hint,
             hint_width=self._warm.width,
             process_group=self.process_group,
+            stats=self._stats,
         )
         self._warm.update(float(t))
         return [t] * len(weights)
+
+    def abs_max(self) -> Tensor | None:
+        """``max |w|`` per tensor from the selection's first pass (None if none ran)."""
+        out, self._stats.abs_max = self._stats.abs_max, None
+        return out
 
 
 def allocate(shares: Sequence[float], sizes: Sequence[int], total: int) -> list[int]:

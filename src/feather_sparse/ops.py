@@ -42,6 +42,7 @@ from feather_sparse.registry import Registry
 __all__ = [
     "OPERATORS",
     "Operator",
+    "OutputCache",
     "ThresholdOperator",
     "compute_dtype",
     "threshold",
@@ -65,14 +66,17 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 BLOCK = 1 << 16
 
 
-def _block(x: Tensor, t: Tensor, p: float, out: Tensor, scratch: list[Tensor]) -> None:
+def _block(
+    x: Tensor, t: Tensor, p: float, out: Tensor, scratch: list[Tensor], t_positive: bool = False
+) -> None:
     """Write ``P_T(x)`` into ``out`` (1-d, like ``x``), using four ``scratch`` buffers.
 
     Written with arithmetic only — no boolean masks, no ``torch.where`` —
     because on CPU those run several times slower than the vectorised
-    arithmetic kernels. Pruned entries come out as +0.0 (the final ``+ 0.0``
-    turns −0.0 into +0.0), so "exactly zero" also holds bit for bit and sparse
-    formats round-trip exactly.
+    arithmetic kernels. Pruned entries come out as +0.0 (the result is
+    written as ``0 + value·indicator``, which turns −0.0 into +0.0), so
+    "exactly zero" also holds bit for bit and sparse formats round-trip
+    exactly. Each line is one kernel over the block: fewer kernels, less time.
 
     The bracket ``(1 − (T/|w|)^p)^(1/p)`` is evaluated without cancellation:
     the naive ``1 − r^p`` loses most digits of an fp32 weight just above the
@@ -84,36 +88,47 @@ def _block(x: Tensor, t: Tensor, p: float, out: Tensor, scratch: list[Tensor]) -
     * other ``p``: ``1 − r^p = −expm1(p·log1p(−(1 − r)))``;
 
     then raised to ``1/p`` as ``exp(log(·)/p)`` and multiplied by the keep
-    indicator ``sign(max(|w| − T, 0))``, which is exactly 0 where ``|w| <= T``.
-    All of it is accurate to a few ulps. Magnitudes below the smallest normal
-    float are divided as if they were that float, so ``0/0`` never occurs.
+    indicator ``[|w| > T]``, which is exactly 0 where ``|w| <= T``.
+    All of it is accurate to a few ulps. Unless the caller knows ``T > 0``
+    (``t_positive``), magnitudes below the smallest normal float are divided
+    as if they were that float, so ``0/0`` never occurs; with ``T > 0`` a zero
+    weight only divides a nonzero number by zero, and the infinities that
+    gives end as a clamped, then zeroed, entry.
     """
     a, d, r, k = scratch
     torch.abs(x, out=a)
     torch.sub(a, t, out=d)  # |w| − T, exact near the threshold
-    torch.clamp_min(d, 0.0, out=k).sign_()  # the keep indicator [|w| > T] in {0, 1}
+    torch.gt(a, t, out=k)  # the keep indicator [|w| > T] as 0/1 floats
     if math.isinf(p):  # hard thresholding: w·[|w| > T]
-        torch.mul(x, k, out=out).add_(0.0)
+        torch.addcmul(_ZERO, x, k, out=out)  # 0 + w·k: +0.0, never −0.0, where pruned
         return
     if p == 1.0:  # soft thresholding: sign(w)·max(|w| − T, 0)
         torch.copysign(d.clamp_min_(0.0), x, out=out).add_(0.0)
         return
-    a.clamp_min_(torch.finfo(a.dtype).tiny)
+    if not t_positive:
+        a.clamp_min_(torch.finfo(a.dtype).tiny)
     d.div_(a)  # 1 − r
     if p == int(p) and p <= 16:
         torch.div(t, a, out=r)  # r = T/|w|
         h = a  # |w| is no longer needed: reuse its buffer for the Horner sum
         torch.add(r, 1.0, out=h)  # 1 + r
         for _ in range(int(p) - 2):
-            h.mul_(r).add_(1.0)  # 1 + r(1 + r(…))
+            torch.addcmul(_ONE, h, r, out=h)  # 1 + r(1 + r(…)), one kernel per term
         d.mul_(h)
     else:
         d.neg_().log1p_().mul_(p).expm1_().neg_()
     # (·)^(1/p) as exp(log(·)/p), on values kept >= tiny: log and exp take
     # their fast vectorised paths (zeros and infinities fall off them, ~15×
-    # slower); the indicator then zeroes the pruned entries exactly.
-    d.clamp_min_(torch.finfo(d.dtype).tiny).log_().mul_(1.0 / p).exp_()
-    torch.mul(d, x, out=out).mul_(k).add_(0.0)
+    # slower); the indicator then zeroes the pruned entries exactly, and
+    # adding it to +0.0 in the same kernel turns −0.0 into +0.0.
+    d.clamp_min_(torch.finfo(d.dtype).tiny).log_().mul_(1.0 / p).exp_().mul_(x)
+    torch.addcmul(_ZERO, d, k, out=out)
+
+
+#: 0-d constants for the fused ``addcmul`` kernels above (``input + t1·t2``):
+#: float32 so that they never promote the block's dtype.
+_ZERO = torch.zeros((), dtype=torch.float32)
+_ONE = torch.ones((), dtype=torch.float32)
 
 
 def _one_block(w: Tensor, n: int) -> bool:
@@ -126,8 +141,65 @@ def _one_block(w: Tensor, n: int) -> bool:
     return n <= BLOCK or w.device.type != "cpu" or torch.compiler.is_compiling()
 
 
-def _forward(w: Tensor, t: Tensor, p: float) -> Tensor:
-    """``P_T(w)`` for one tensor (no autograd); ``t`` is a 0-d tensor."""
+class OutputCache:
+    """Reuses the memory of the previous output of ``P_T`` for one weight.
+
+    On CPU a fresh weight-sized output costs one page fault per 4 KiB page
+    when first written, because the allocator hands large blocks back to the
+    operating system when they are freed: about 45 ms per 50M float32
+    weights on this project's CPU machine, a fifth of the operator's time
+    (``benchmarks/bench_train_step.py``). The Pruner keeps one cache per
+    weight; the previous output's memory is written again only when nothing
+    references it any more (the autograd graph that saved it is gone), so a
+    tensor a caller still holds is never overwritten — otherwise a fresh
+    output is allocated and cached instead.
+
+    Only used while training on CPU (autograd recording, a weight that
+    requires grad): there the outputs of all layers are alive at once in the
+    backward anyway, so keeping them between steps adds nothing to the peak
+    memory. Under ``torch.no_grad()`` the cache lets go of its memory.
+    """
+
+    def __init__(self) -> None:
+        self._out: Tensor | None = None
+
+    def get(self, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """A 1-d tensor of ``n`` elements that nothing outside the cache references."""
+        out = self._out
+        if (
+            out is None
+            or out.numel() != n
+            or out.dtype != dtype
+            or out.device != device
+            or not _unreferenced(out)
+        ):
+            out = self._out = torch.empty(n, dtype=dtype, device=device)
+        return out
+
+    def clear(self) -> None:
+        """Drop the cached memory (the next call allocates afresh)."""
+        self._out = None
+
+
+def _unreferenced(t: Tensor) -> bool:
+    """Whether only ``t`` itself holds its storage (no views, no saved copies).
+
+    ``torch._C._storage_Use_Count`` counts the references to the storage:
+    ``t`` and the temporary ``untyped_storage()`` object make 2. Where the
+    function is missing, the answer is "referenced", i.e. never reuse.
+    """
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:
+        return False
+    return bool(use_count(t.untyped_storage()._cdata) <= 2)
+
+
+def _forward(w: Tensor, t: Tensor, p: float, cache: OutputCache | None = None) -> Tensor:
+    """``P_T(w)`` for one tensor (no autograd); ``t`` is a 0-d tensor.
+
+    With ``cache`` (CPU blockwise path only), the output is written into the
+    cache's memory and returned as a view of it.
+    """
     dtype = compute_dtype(torch.promote_types(w.dtype, t.dtype))
     t = t.to(dtype)
     flat = w.reshape(-1)
@@ -137,7 +209,14 @@ def _forward(w: Tensor, t: Tensor, p: float) -> Tensor:
         out = torch.empty_like(x)
         _block(x, t, p, out, _scratch(n, dtype, w.device))
         return out.to(w.dtype).reshape(w.shape)
-    out = torch.empty(n, dtype=w.dtype, device=w.device)
+    if cache is not None:
+        out = cache.get(n, w.dtype, w.device)
+    else:
+        out = torch.empty(n, dtype=w.dtype, device=w.device)
+    # The threshold is on the CPU here, so reading it costs no synchronisation.
+    t_value = float(t)
+    if t_value == 0.0:  # P_0(w) = w for every p: the hard path is exact and cheapest
+        p = math.inf
     scratch = _scratch(BLOCK, dtype, w.device)
     convert = w.dtype != dtype
     x_buf = torch.empty(BLOCK, dtype=dtype, device=w.device) if convert else None
@@ -145,12 +224,14 @@ def _forward(w: Tensor, t: Tensor, p: float) -> Tensor:
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
         m = stop - start
+        parts = scratch if m == BLOCK else [b[:m] for b in scratch]
         if x_buf is not None and o_buf is not None:  # half weights: compute in float32
-            _block(x_buf[:m].copy_(flat[start:stop]), t, p, o_buf[:m], [b[:m] for b in scratch])
+            x = x_buf[:m].copy_(flat[start:stop])
+            _block(x, t, p, o_buf[:m], parts, t_positive=t_value > 0)
             out[start:stop].copy_(o_buf[:m])
         else:
-            _block(flat[start:stop], t, p, out[start:stop], [b[:m] for b in scratch])
-    return out.reshape(w.shape)
+            _block(flat[start:stop], t, p, out[start:stop], parts, t_positive=t_value > 0)
+    return out.view(w.shape)  # always a new view: never the cached tensor itself
 
 
 def _scratch(n: int, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
@@ -167,67 +248,58 @@ class _ThresholdSTE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(w: Tensor, t: Tensor, p: float, theta: float) -> Tensor:
-        return _forward(w, t, p)
+    def forward(
+        w: Tensor, t: Tensor, p: float, theta: float, cache: OutputCache | None = None
+    ) -> Tensor:
+        return _forward(w, t, p, cache)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        w, t, _, theta = inputs
+        w, t, _, theta = inputs[:4]
         ctx.theta = theta
         if theta != 1.0:
             ctx.save_for_backward(w, t)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None, None]:
         theta = ctx.theta
         if theta == 1.0:  # plain STE: the identity
-            return grad, None, None, None
+            return grad, None, None, None, None
         w, t = ctx.saved_tensors
-        return _scaled_grad(w, t, grad, theta), None, None, None
+        return _scaled_grad(w, t, grad, theta), None, None, None, None
 
 
 def _scaled_grad(w: Tensor, t: Tensor, grad: Tensor, theta: float) -> Tensor:
     """``g`` where ``|w| > T``, ``θ·g`` elsewhere; blockwise like the forward.
 
-    With the indicator ``k = sign(max(|w| − T, 0)) ∈ {0, 1}`` this is
-    ``g·k + (θ·g)·(1 − k)``, exact in both cases (one term is a signed zero),
-    and free of the slow boolean kernels.
+    The factor is ``c = clamp(θ + 2·sign(|w| − T), θ, 1)``: exactly 1 where
+    ``|w| > T`` and exactly ``θ`` elsewhere (``|w| = T`` included), so
+    ``g·c`` is the scaled gradient with one rounding, from four cheap
+    arithmetic kernels and no boolean ones.
     """
     dtype = compute_dtype(torch.promote_types(w.dtype, t.dtype))
     t = t.to(dtype)
+    th = torch.tensor(theta, dtype=dtype)  # 0-d on the CPU: a scalar operand on any device
     g = grad.reshape(-1)
     flat = w.reshape(-1)
     n = flat.numel()
-    if _one_block(w, n):
-        bufs = [torch.empty(n, dtype=dtype, device=w.device) for _ in range(2)]
-        out = torch.empty_like(g)
-        _grad_block(flat, g, t, theta, out, bufs)
-        return out.reshape(grad.shape)
     out = torch.empty_like(g)
-    bufs = [torch.empty(BLOCK, dtype=dtype, device=w.device) for _ in range(2)]
+    if _one_block(w, n):
+        _grad_block(flat, g, t, th, out, torch.empty(n, dtype=dtype, device=w.device))
+        return out.reshape(grad.shape)
+    buf = torch.empty(BLOCK, dtype=dtype, device=w.device)
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
-        m = stop - start
-        _grad_block(
-            flat[start:stop], g[start:stop], t, theta, out[start:stop], [b[:m] for b in bufs]
-        )
+        _grad_block(flat[start:stop], g[start:stop], t, th, out[start:stop], buf[: stop - start])
     return out.reshape(grad.shape)
 
 
-def _grad_block(
-    w: Tensor, g: Tensor, t: Tensor, theta: float, out: Tensor, scratch: list[Tensor]
-) -> None:
-    k, tmp = scratch
-    a = torch.abs(w, out=k) if w.dtype == k.dtype else k.copy_(w).abs_()
-    a.sub_(t).clamp_min_(0.0).sign_()  # k: 1 kept, 0 pruned
-    if theta == 0.0:
-        torch.mul(g, k, out=out)
-        return
-    torch.neg(k, out=tmp).add_(1.0).mul_(g).mul_(theta)  # (1 − k)·g·θ
-    if out.dtype == k.dtype:
-        torch.mul(g, k, out=out).add_(tmp)  # g·k + θ·g·(1 − k)
-    else:  # half gradients: combine in the compute dtype, round once
-        out.copy_(k.mul_(g).add_(tmp))
+def _grad_block(w: Tensor, g: Tensor, t: Tensor, theta: Tensor, out: Tensor, c: Tensor) -> None:
+    """``out = g·c`` with the factor ``c`` of :func:`_scaled_grad` built in ``c``."""
+    a = torch.abs(w, out=c) if w.dtype == c.dtype else c.copy_(w).abs_()
+    a.sub_(t).sign_()  # -1 pruned, 0 at the threshold (pruned), 1 kept
+    torch.add(theta, a, alpha=2.0, out=a).clamp_(float(theta), 1.0)  # θ, θ, 1
+    torch.mul(g, a, out=out)  # half gradients: computed in float32, rounded once
 
 
 def _check_args(t: Tensor | float, p: float, theta: float) -> None:
@@ -239,7 +311,14 @@ def _check_args(t: Tensor | float, p: float, theta: float) -> None:
         raise ValueError(f"the threshold must be a 0-d tensor, got shape {tuple(t.shape)}")
 
 
-def threshold(w: Tensor, t: Tensor | float, p: float = 3.0, theta: float = 1.0) -> Tensor:
+def threshold(
+    w: Tensor,
+    t: Tensor | float,
+    p: float = 3.0,
+    theta: float = 1.0,
+    *,
+    cache: OutputCache | None = None,
+) -> Tensor:
     """Apply the Feather operator ``P_T`` with a gradient-scaled STE backward.
 
     Args:
@@ -251,6 +330,9 @@ def threshold(w: Tensor, t: Tensor | float, p: float = 3.0, theta: float = 1.0) 
         p: the operator's power: 1 soft, 3 Feather (default), ``math.inf`` hard.
         theta: gradient scale for pruned weights (``|w| <= T``): 1 plain STE,
             0 non-STE.
+        cache: an :class:`OutputCache` kept with ``w`` across calls (the
+            Pruner keeps one per weight): while training on CPU the output
+            reuses the previous output's memory when nothing references it.
 
     Returns:
         ``P_T(w)``, same shape, dtype and device as ``w``, exactly zero where
@@ -267,7 +349,12 @@ def threshold(w: Tensor, t: Tensor | float, p: float = 3.0, theta: float = 1.0) 
     _check_args(t, p, theta)
     if not isinstance(t, Tensor):
         t = torch.tensor(float(t), dtype=compute_dtype(w.dtype), device=w.device)
-    out: Tensor = _ThresholdSTE.apply(w, t.detach(), float(p), float(theta))
+    if cache is not None and not (
+        torch.is_grad_enabled() and w.requires_grad and not torch.compiler.is_compiling()
+    ):
+        cache.clear()  # evaluation: give the memory back; compiled graphs allocate their own
+        cache = None
+    out: Tensor = _ThresholdSTE.apply(w, t.detach(), float(p), float(theta), cache)
     return out
 
 
@@ -303,8 +390,10 @@ class ThresholdOperator(Operator):
     def __post_init__(self) -> None:
         _check_args(0.0, self.p, 1.0)
 
-    def __call__(self, w: Tensor, t: Tensor, theta: float) -> Tensor:
-        return threshold(w, t, p=self.p, theta=theta)
+    def __call__(
+        self, w: Tensor, t: Tensor, theta: float, cache: OutputCache | None = None
+    ) -> Tensor:
+        return threshold(w, t, p=self.p, theta=theta, cache=cache)
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "p": self.p}

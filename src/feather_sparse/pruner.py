@@ -39,7 +39,7 @@ from feather_sparse.backbones import (
     PruneTarget,
     layer_thresholds_at_most,
 )
-from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, compute_dtype
+from feather_sparse.ops import OPERATORS, Operator, OutputCache, ThresholdOperator, compute_dtype
 from feather_sparse.schedules import SCHEDULES, CubicSchedule, Schedule
 
 if TYPE_CHECKING:
@@ -116,12 +116,16 @@ class FeatherParametrization(nn.Module):
         self.backbone = backbone
         self.index = index
         self.register_buffer("threshold", threshold, persistent=False)
+        # The operator's output memory, reused from step to step on CPU (see OutputCache).
+        self.cache = OutputCache()
 
     def forward(self, weight: Tensor) -> Tensor:
         if self.backbone is not None:
             return self.backbone.forward_weight(
                 self.index, weight, self.threshold, self.operator, self.theta
             )
+        if isinstance(self.operator, ThresholdOperator):
+            return self.operator(weight, self.threshold, self.theta, cache=self.cache)
         return self.operator(weight, self.threshold, self.theta)
 
     def extra_repr(self) -> str:
@@ -584,23 +588,24 @@ class Pruner:
                     f"weights; use one that does ({', '.join(able)})"
                 )
             self.backbone.process_group = group
+        # The global backbone's search measures max |w| per tensor on the way,
+        # so its finite check comes after the search at no cost; any other
+        # backbone is checked before, with one read-only pass per tensor.
+        after = self.check_finite and self.backbone.measures_abs_max
         maxima = None
-        if self.check_finite:
-            # One read-only pass per tensor (aminmax propagates NaN and inf);
-            # |w|.amax() would also write a full-size temporary.
-            maxima = torch.stack([_abs_max(w) for w in weights])
-            if group is not None:
-                maxima = _all_reduce_max(maxima, group)
-            if not bool(torch.isfinite(maxima).all()):
-                bad = [
-                    t.name for t, m in zip(self.targets, maxima.tolist()) if not math.isfinite(m)
-                ]
-                raise RuntimeError(
-                    f"non-finite weights (NaN or inf) in layer(s) {', '.join(bad)} at step "
-                    f"{self._step}: training diverged; lower the learning rate or clip gradients"
-                )
+        if self.check_finite and not after:
+            maxima = self._abs_maxima(weights, group, measured=None)
+            self._check_finite(maxima)
         self.backbone.advance(self._step, self.total_steps, self.sparsity)
-        thresholds = self.backbone.thresholds(weights, sparsity)
+        try:
+            thresholds = self.backbone.thresholds(weights, sparsity)
+        except ValueError:
+            if after:  # a NaN weight can make the search fail: name the layer instead
+                self._check_finite(self._abs_maxima(weights, group, measured=None))
+            raise
+        if after:
+            maxima = self._abs_maxima(weights, group, measured=self.backbone.abs_max())
+            self._check_finite(maxima)
         if len(thresholds) != len(weights):
             raise RuntimeError(
                 f"backbone {self.backbone.name!r} returned {len(thresholds)} thresholds for "
@@ -616,6 +621,30 @@ class Pruner:
                 flags = (ts >= maxima).tolist()
                 self._warn_collapsed(t.name for t, f in zip(self.targets, flags) if f)
         return thresholds
+
+    @staticmethod
+    def _abs_maxima(
+        weights: Sequence[Tensor], group: ProcessGroup | None, measured: Tensor | None
+    ) -> Tensor:
+        """``max |w|`` per tensor (over all shards), NaN where a tensor holds a NaN.
+
+        ``measured``: the backbone's own measurement of this rank's tensors,
+        if it made one; else one read-only pass per tensor (``aminmax``
+        propagates NaN and inf; ``|w|.amax()`` would also write a full-size
+        temporary).
+        """
+        maxima = measured if measured is not None else torch.stack([_abs_max(w) for w in weights])
+        if group is not None:
+            maxima = _all_reduce_max(maxima, group)
+        return maxima
+
+    def _check_finite(self, maxima: Tensor) -> None:
+        if not bool(torch.isfinite(maxima).all()):
+            bad = [t.name for t, m in zip(self.targets, maxima.tolist()) if not math.isfinite(m)]
+            raise RuntimeError(
+                f"non-finite weights (NaN or inf) in layer(s) {', '.join(bad)} at step "
+                f"{self._step}: training diverged; lower the learning rate or clip gradients"
+            )
 
     @torch.no_grad()
     def _write_thresholds(self, thresholds: Sequence[Tensor]) -> None:

@@ -42,7 +42,13 @@ from feather_sparse.data.augment import (
     CropFlipNormalize,
     Normalize,
 )
-from feather_sparse.data.base import DATASETS, DataBundle, LoaderConfig, tensor_bundle
+from feather_sparse.data.base import (
+    DATASETS,
+    DataBundle,
+    DatasetBuilder,
+    LoaderConfig,
+    tensor_bundle,
+)
 
 __all__ = ["CIFAR10", "CIFAR100", "CifarSpec", "read_cifar"]
 
@@ -254,68 +260,51 @@ def read_cifar(
     return join(spec.train_files), join(spec.test_files)
 
 
-def _build(
-    spec: CifarSpec,
-    data_dir: Path | None,
-    config: LoaderConfig,
-    *,
-    augment: bool,
-    padding: int,
-    mean: Sequence[float] | None,
-    std: Sequence[float] | None,
-) -> DataBundle:
-    (x, y), (x_test, y_test) = read_cifar(data_dir, spec)
-    mean = spec.mean if mean is None else tuple(mean)
-    std = spec.std if std is None else tuple(std)
-    if len(mean) != 3 or len(std) != 3:
-        raise ValueError(f"{spec.name}: mean and std need 3 channels, got {mean}, {std}")
-    evaluate = Normalize(mean, std, config.device)
-    train_transform = (
-        CropFlipNormalize(mean, std, config.device, padding=padding) if augment else evaluate
+def _builder(spec: CifarSpec, summary: str) -> DatasetBuilder:
+    """The registry entry of one CIFAR variant; both take the same options."""
+
+    def build(
+        data_dir: Path | None,
+        config: LoaderConfig,
+        *,
+        augment: bool = True,
+        padding: int = 4,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+    ) -> DataBundle:
+        (x, y), (x_test, y_test) = read_cifar(data_dir, spec)
+        mean = spec.mean if mean is None else tuple(mean)
+        std = spec.std if std is None else tuple(std)
+        if len(mean) != 3 or len(std) != 3:
+            raise ValueError(f"{spec.name}: mean and std need 3 channels, got {mean}, {std}")
+        evaluate = Normalize(mean, std, config.device)
+        train_transform = (
+            CropFlipNormalize(mean, std, config.device, padding=padding) if augment else evaluate
+        )
+        return tensor_bundle(
+            spec.name,
+            config,
+            train=(torch.from_numpy(x), torch.from_numpy(y)),
+            test=(torch.from_numpy(x_test), torch.from_numpy(y_test)),
+            num_classes=spec.num_classes,
+            input_shape=(3, 32, 32),
+            train_transform=train_transform,
+            test_transform=evaluate,
+        )
+
+    build.__name__ = build.__qualname__ = f"build_{spec.name}"
+    build.__doc__ = (
+        f"{summary}\n\n"
+        "Options: ``augment`` (crop + flip on the training set), ``padding`` of the\n"
+        f"random crop, and ``mean``/``std`` (default: {spec.name}'s own statistics).\n"
     )
-    return tensor_bundle(
-        spec.name,
-        config,
-        train=(torch.from_numpy(x), torch.from_numpy(y)),
-        test=(torch.from_numpy(x_test), torch.from_numpy(y_test)),
-        num_classes=spec.num_classes,
-        input_shape=(3, 32, 32),
-        train_transform=train_transform,
-        test_transform=evaluate,
-    )
+    return build
 
 
-@DATASETS.register("cifar10")
-def build_cifar10(
-    data_dir: Path | None,
-    config: LoaderConfig,
-    *,
-    augment: bool = True,
-    padding: int = 4,
-    mean: Sequence[float] | None = None,
-    std: Sequence[float] | None = None,
-) -> DataBundle:
-    """CIFAR-10: 50000/10000 images ``(3, 32, 32)``, 10 classes.
-
-    Options: ``augment`` (crop + flip on the training set), ``padding`` of the
-    random crop, and ``mean``/``std`` (default: CIFAR-10's own statistics).
-    """
-    return _build(CIFAR10, data_dir, config, augment=augment, padding=padding, mean=mean, std=std)
-
-
-@DATASETS.register("cifar100")
-def build_cifar100(
-    data_dir: Path | None,
-    config: LoaderConfig,
-    *,
-    augment: bool = True,
-    padding: int = 4,
-    mean: Sequence[float] | None = None,
-    std: Sequence[float] | None = None,
-) -> DataBundle:
-    """CIFAR-100 (fine labels): 50000/10000 images ``(3, 32, 32)``, 100 classes.
-
-    Options as for ``cifar10``; ``mean``/``std`` default to CIFAR-100's own
-    statistics.
-    """
-    return _build(CIFAR100, data_dir, config, augment=augment, padding=padding, mean=mean, std=std)
+build_cifar10 = DATASETS.register(
+    CIFAR10.name, _builder(CIFAR10, "CIFAR-10: 50000/10000 images ``(3, 32, 32)``, 10 classes.")
+)
+build_cifar100 = DATASETS.register(
+    CIFAR100.name,
+    _builder(CIFAR100, "CIFAR-100 (fine labels): 50000/10000 images ``(3, 32, 32)``, 100 classes."),
+)

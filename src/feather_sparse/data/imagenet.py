@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from feather_sparse.data.augment import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from feather_sparse.data.base import DATASETS, DataBundle, LoaderConfig
-from feather_sparse.data.loaders import AUGMENT_STREAM, derive_seed, epoch_indices, num_batches
+from feather_sparse.data.loaders import AUGMENT_STREAM, EpochShard, derive_seed
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -223,59 +223,15 @@ class ImageFolder(Dataset[tuple[Tensor, int]]):
         return self.transform(rgb, generator), label
 
 
-class _ShardedBatchSampler:
+class _ShardedBatchSampler(EpochShard):
     """Batches of ``(index, sample_seed)`` keys: this rank's shard of one epoch."""
-
-    def __init__(
-        self,
-        n: int,
-        *,
-        batch_size: int,
-        shuffle: bool,
-        drop_last: bool,
-        seed: int,
-        rank: int,
-        world_size: int,
-    ) -> None:
-        self.n = n
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def indices(self) -> Tensor:
-        return epoch_indices(
-            self.n,
-            batch_size=self.batch_size,
-            shuffle=self.shuffle,
-            drop_last=self.drop_last,
-            seed=self.seed,
-            epoch=self.epoch,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
-
-    def __len__(self) -> int:
-        return num_batches(
-            self.n,
-            self.batch_size,
-            drop_last=self.drop_last,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         order = self.indices().tolist()
-        for start in range(0, len(order), self.batch_size):
+        for batch in self.batch_slices():
             yield [
                 (i, derive_seed(self.seed, self.epoch, AUGMENT_STREAM, i) if self.shuffle else 0)
-                for i in order[start : start + self.batch_size]
+                for i in order[batch]
             ]
 
 
@@ -322,12 +278,8 @@ class ImageFolderLoader:
             seed=seed,
             rank=rank,
             world_size=world_size,
+            what="images",
         )
-        if drop_last and len(self.sampler) == 0:
-            raise ValueError(
-                f"{len(dataset)} training images do not fill one global batch of "
-                f"{batch_size} x {world_size} ranks; lower batch_size"
-            )
         self.normalize = Normalize(mean, std, device)
         # The sampler runs in this process, so set_epoch reaches it even with
         # persistent workers; the workers only decode.
@@ -342,7 +294,7 @@ class ImageFolderLoader:
     @property
     def num_samples(self) -> int:
         """Samples this rank sees per epoch."""
-        return self.sampler.indices().numel()
+        return self.sampler.num_samples
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s permutation and augmentation from now on."""

@@ -2,7 +2,9 @@
 
 Every loader follows one small protocol (``Loader``): iterating yields
 ``(x, y)`` batches already on the training device, ``len()`` is the number of
-batches per epoch on this rank, and ``set_epoch(epoch)`` selects the epoch.
+batches per epoch on this rank, and ``set_epoch(epoch)`` selects the epoch. The
+shard, order and batch count of each epoch live in one place, ``EpochShard``,
+which the loaders (and ImageNet's batch sampler) build on.
 
 Shuffling and augmentation never touch the global RNG. Each epoch draws from
 its own ``torch.Generator`` seeded by ``derive_seed(seed, epoch, ...)``, so the
@@ -38,6 +40,7 @@ __all__ = [
     "AUGMENT_STREAM",
     "SHUFFLE_STREAM",
     "BatchTransform",
+    "EpochShard",
     "Loader",
     "TensorLoader",
     "derive_seed",
@@ -144,7 +147,91 @@ def epoch_indices(
     return order[rank::world_size]
 
 
-class TensorLoader:
+class EpochShard:
+    """This rank's share of every epoch of ``n`` samples: order, batch count, epoch.
+
+    The state every loader keeps to shard and shuffle (see the module
+    docstring); a loader subclasses it and adds what it delivers.
+
+    Args:
+        n: samples in the data set.
+        batch_size: samples per batch on this rank.
+        shuffle: reshuffle every epoch (train).
+        drop_last: drop what does not fill a global batch (train).
+        seed: base seed; shuffling and augmentation depend only on
+            ``(seed, epoch)`` (and the rank, for augmentation).
+        rank: this rank.
+        world_size: number of ranks.
+        what: what the samples are, for the error message.
+
+    Raises:
+        ValueError: if ``drop_last`` leaves no batch at all.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        batch_size: int,
+        shuffle: bool,
+        drop_last: bool,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        what: str = "samples",
+    ) -> None:
+        self.n = n
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        if len(self) == 0 and drop_last:
+            raise ValueError(
+                f"{n} training {what} do not fill one global batch of "
+                f"{batch_size} x {world_size} ranks; lower batch_size"
+            )
+
+    @property
+    def num_samples(self) -> int:
+        """Samples this rank sees per epoch."""
+        return self.indices().numel()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s permutation and augmentation from now on."""
+        self.epoch = epoch
+
+    def indices(self) -> Tensor:
+        """This rank's sample order for the current epoch (CPU int64)."""
+        return epoch_indices(
+            self.n,
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+
+    def batch_slices(self) -> Iterator[slice]:
+        """The positions in ``indices()`` of each of this epoch's batches, in order."""
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            yield slice(start, start + self.batch_size)
+
+    def __len__(self) -> int:
+        return num_batches(
+            self.n,
+            self.batch_size,
+            drop_last=self.drop_last,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+
+
+class TensorLoader(EpochShard):
     """Batches of in-memory tensors that already live on the training device.
 
     Args:
@@ -180,57 +267,23 @@ class TensorLoader:
     ) -> None:
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"x has {x.shape[0]} samples but y has {y.shape[0]} labels")
+        super().__init__(
+            x.shape[0],
+            batch_size=batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+        )
         self.x = x
         self.y = y
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
         self.transform = transform
-        self.epoch = 0
-        if len(self) == 0 and drop_last:
-            raise ValueError(
-                f"{x.shape[0]} training samples do not fill one global batch of "
-                f"{batch_size} x {world_size} ranks; lower batch_size"
-            )
 
     @property
     def device(self) -> torch.device:
         """Where the batches are delivered."""
         return self.x.device
-
-    @property
-    def num_samples(self) -> int:
-        """Samples this rank sees per epoch."""
-        return self.indices().numel()
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use epoch ``epoch``'s permutation and augmentation from now on."""
-        self.epoch = epoch
-
-    def indices(self) -> Tensor:
-        """This rank's sample order for the current epoch (CPU int64)."""
-        return epoch_indices(
-            self.x.shape[0],
-            batch_size=self.batch_size,
-            shuffle=self.shuffle,
-            drop_last=self.drop_last,
-            seed=self.seed,
-            epoch=self.epoch,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
-
-    def __len__(self) -> int:
-        return num_batches(
-            self.x.shape[0],
-            self.batch_size,
-            drop_last=self.drop_last,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         order = self.indices()
@@ -240,12 +293,12 @@ class TensorLoader:
         identity = not self.shuffle and self.world_size == 1
         if not identity:
             order = order.to(self.device)
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
+        for batch in self.batch_slices():
             if identity:  # plain slices are views: no gather, no copy
-                x = self.x[start : start + self.batch_size]
-                y = self.y[start : start + self.batch_size]
+                x = self.x[batch]
+                y = self.y[batch]
             else:
-                idx = order[start : start + self.batch_size]
+                idx = order[batch]
                 x = self.x.index_select(0, idx)
                 y = self.y.index_select(0, idx)
             if self.transform is not None:

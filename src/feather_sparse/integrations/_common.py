@@ -31,7 +31,7 @@ from torch.utils.hooks import RemovableHandle
 
 from feather_sparse.pruner import Pruner
 
-__all__ = ["PrunerDriver", "pruner_keyword_arguments"]
+__all__ = ["DrivenCallback", "PrunerDriver", "pruner_keyword_arguments"]
 
 logger = logging.getLogger(__name__)
 
@@ -238,3 +238,40 @@ class PrunerDriver:
             self.pruner.remove()
             logger.info("%s: detached without finalizing (dense weights kept)", self.owner)
         return self.final_sparsity
+
+
+class DrivenCallback:
+    """What every framework callback is besides its event methods: a PrunerDriver's owner.
+
+    Mixed in ahead of the framework's callback class; the callback's
+    ``__init__`` calls :meth:`_drive` and its events call ``self._driver``.
+    """
+
+    _driver: PrunerDriver
+
+    def _drive(
+        self,
+        sparsity: float,
+        pruner_kwargs: Mapping[str, Any],
+        *,
+        finalize: bool,
+        log_layers: bool,
+    ) -> None:
+        """Create the driver, named after the callback class for error messages.
+
+        Raises:
+            ValueError: for an argument the Pruner does not take.
+        """
+        self._driver = PrunerDriver(
+            type(self).__name__, sparsity, pruner_kwargs, finalize=finalize, log_layers=log_layers
+        )
+
+    @property
+    def pruner(self) -> Pruner | None:
+        """The attached Pruner (kept after training for its report and config)."""
+        return self._driver.pruner
+
+    @property
+    def final_sparsity(self) -> float | None:
+        """The sparsity reached by finalize (None until training ends)."""
+        return self._driver.final_sparsity

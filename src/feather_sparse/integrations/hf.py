@@ -47,8 +47,7 @@ from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from feather_sparse.integrations._common import PrunerDriver
-from feather_sparse.pruner import Pruner
+from feather_sparse.integrations._common import DrivenCallback
 
 __all__ = ["PRUNER_STATE_NAME", "FeatherCallback"]
 
@@ -58,7 +57,7 @@ logger = logging.getLogger(__name__)
 PRUNER_STATE_NAME = "feather_pruner.pt"
 
 
-class FeatherCallback(TrainerCallback):
+class FeatherCallback(DrivenCallback, TrainerCallback):
     """Prune the Trainer's model with Feather during training.
 
     Args:
@@ -94,20 +93,8 @@ class FeatherCallback(TrainerCallback):
         resume_from: str | os.PathLike[str] | None = None,
         **pruner_kwargs: Any,
     ) -> None:
-        self._driver = PrunerDriver(
-            type(self).__name__, sparsity, pruner_kwargs, finalize=finalize, log_layers=log_layers
-        )
+        self._drive(sparsity, pruner_kwargs, finalize=finalize, log_layers=log_layers)
         self.resume_from = resume_from
-
-    @property
-    def pruner(self) -> Pruner | None:
-        """The attached Pruner (kept after training for its report and config)."""
-        return self._driver.pruner
-
-    @property
-    def final_sparsity(self) -> float | None:
-        """The sparsity reached by finalize (None until training ends)."""
-        return self._driver.final_sparsity
 
     def install(self, trainer: Any) -> FeatherCallback:
         """Add this callback to ``trainer`` ahead of its reporting integrations; returns self.

@@ -46,15 +46,14 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from feather_sparse.integrations._common import PrunerDriver
-from feather_sparse.pruner import Pruner
+from feather_sparse.integrations._common import DrivenCallback
 
 __all__ = ["FeatherCallback"]
 
 logger = logging.getLogger(__name__)
 
 
-class FeatherCallback(pl.Callback):
+class FeatherCallback(DrivenCallback, pl.Callback):
     """Prune a ``LightningModule`` with Feather during ``trainer.fit``.
 
     Args:
@@ -94,20 +93,8 @@ class FeatherCallback(pl.Callback):
         ):
             raise ValueError(f"total_steps must be a positive int or None, got {total_steps!r}")
         self.total_steps = total_steps
-        self._driver = PrunerDriver(
-            type(self).__name__, sparsity, pruner_kwargs, finalize=finalize, log_layers=log_layers
-        )
+        self._drive(sparsity, pruner_kwargs, finalize=finalize, log_layers=log_layers)
         self._seen_global_step = 0
-
-    @property
-    def pruner(self) -> Pruner | None:
-        """The attached Pruner (kept after training for its report and config)."""
-        return self._driver.pruner
-
-    @property
-    def final_sparsity(self) -> float | None:
-        """The sparsity reached by finalize (None until training ends)."""
-        return self._driver.final_sparsity
 
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
