@@ -1,0 +1,73 @@
+"""The ``feather-sparse`` command-line tool: the only layer that parses arguments.
+
+One module per command family (``train``, ``export``/``inspect``, ``bench``),
+each with two functions::
+
+    def add_arguments(command: str, parser: argparse.ArgumentParser) -> None
+    def run(command: str, args: argparse.Namespace) -> int
+
+Library modules never import :mod:`argparse`; this package turns arguments into
+their typed configs and calls them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+from feather_sparse._version import __version__
+from feather_sparse.cli import bench as _bench
+from feather_sparse.cli import export as _export
+from feather_sparse.cli import train as _train
+
+# command -> (module implementing it, one-line help)
+COMMANDS: dict[str, tuple[ModuleType, str]] = {
+    "train": (_train, "train a model with Feather sparsity (or dense)"),
+    "export": (_export, "write a compressed sparse checkpoint (and ONNX) of a run"),
+    "inspect": (_export, "per-tensor table of a sparse checkpoint"),
+    "bench": (_bench, "reproduce the paper's tables and figures"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser, with one subparser per command."""
+    parser = argparse.ArgumentParser(
+        prog="feather-sparse",
+        description="Feather sparse training for PyTorch (BMVC 2023).",
+    )
+    parser.add_argument("--version", action="version", version=f"feather-sparse {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(name, p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if args.command is None:
+        parser.print_help()
+        return 2
+    run: Callable[[str, argparse.Namespace], int] = COMMANDS[args.command][0].run
+    try:
+        return int(run(args.command, args))
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        # Bad input gets one clear line, not a traceback; -vv shows the trace.
+        if args.verbose >= 2:
+            raise
+        print(f"feather-sparse {args.command}: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,17 @@
+"""The ``train`` command family of the CLI: arguments in, library call out."""
+
+from __future__ import annotations
+
+import argparse
+
+from feather_sparse import train as _impl
+
+
+def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
+    """Add the ``train`` command's arguments to *parser*."""
+    _impl.add_cli_arguments(command, parser)
+
+
+def run(command: str, args: argparse.Namespace) -> int:
+    """Run the command; returns the process exit code."""
+    return _impl.run_cli(command, args)
