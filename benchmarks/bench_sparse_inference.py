@@ -28,7 +28,8 @@ from torch import nn
 
 from _models import prune_
 from _timing import machine
-from feather_sparse.export import SparseLinear, _to_csr_int32, to_sparse_inference
+from feather_sparse.export import SparseLinear, to_sparse_inference
+from feather_sparse.export.inference import _to_csr_int32
 
 SPARSITIES = (0.90, 0.95, 0.98, 0.99)
 BATCHES = (1, 64)

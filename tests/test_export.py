@@ -272,7 +272,7 @@ def test_values_of_pruned_weights_compress() -> None:
     with torch.no_grad():
         linear.weight.copy_(weight)
     prune_(linear, 0.9)
-    record = export._encode_tensor("w", linear.weight, "fp32")[0]
+    record = export.fsp._encode_tensor("w", linear.weight, "fp32")[0]
     raw = 4 * record.nnz
     assert sum(record.value_planes) < 0.9 * raw
     # the exponent plane (byte 3, little-endian) is the one that shrinks most
@@ -632,7 +632,7 @@ def test_onnx_export_matches_pytorch(
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     if exporter == "legacy":  # what runs where onnxscript is not installed
-        monkeypatch.setattr(export, "_onnx_exporter", lambda: ("legacy", 20))
+        monkeypatch.setattr(export.onnx, "_onnx_exporter", lambda: ("legacy", 20))
     net = prune_(MixedNet(), 0.9).eval()
     path = tmp_path / "net.onnx"
     opset = export_onnx(net, path, torch.randn(2, 1, 40))
@@ -653,7 +653,7 @@ def test_cli_export_onnx(
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     # the quicker exporter: the default one is covered above, this tests the CLI path
-    monkeypatch.setattr(export, "_onnx_exporter", lambda: ("legacy", 20))
+    monkeypatch.setattr(export.onnx, "_onnx_exporter", lambda: ("legacy", 20))
     run, _ = _write_run(tmp_path, fake_zoo)
     assert cli.main(["export", str(run), "--onnx", str(tmp_path / "m.onnx")]) == 0
     assert "onnxruntime matches PyTorch" in capsys.readouterr().out

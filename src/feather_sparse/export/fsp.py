@@ -1,0 +1,465 @@
+"""The ``.fsp`` sparse checkpoint: write, read and describe files.
+
+:func:`save_sparse` / :func:`load_sparse` write and read a *sparse
+checkpoint* (``.fsp``): a `safetensors <https://github.com/huggingface/safetensors>`_
+file in which every sparse tensor is stored as a compressed sparsity pattern
+plus its non-zero values, and everything else as is. The codecs are in
+:mod:`feather_sparse.export.codec`, the header's records in
+:mod:`feather_sparse.export.header`.
+
+File format (version 1)
+-----------------------
+A safetensors file (no pickle; a JSON header with offsets) holding two uint8
+entries:
+
+* ``feather.header``: the JSON description, xz-compressed (its CRC-64 is
+  checked on read): format name and version, library version, model spec, user
+  metadata, and one record per ``state_dict`` entry, in order — name, shape,
+  dtype, non-zero count, CRC-32 of its bytes, and for sparse entries how the
+  pattern and values are coded. The safetensors ``__metadata__`` repeats the
+  format name and versions so that a wrong file is named without decoding.
+* ``feather.data``: every entry's bytes, one after the other.
+
+Packing everything into two entries keeps the per-tensor overhead at a few
+compressed header bytes instead of ~250 bytes of plain JSON per tensor, which
+for small models was as large as the weights themselves.
+
+Which tensors are stored sparse: **every floating-point tensor (parameter or
+buffer, any shape) that has at least one zero entry and whose sparse encoding
+is smaller than its dense bytes**; integer, boolean and complex tensors, and
+floating tensors without zeros, are stored as is (raw little-endian bytes).
+"Zero" means an all-zero bit pattern, so ``-0.0`` (and NaN) are kept as values
+and the round trip is bit-exact.
+
+A sparse tensor is stored as its pattern followed by its values:
+
+* the pattern (positions of the non-zeros in flattened C order) is compressed
+  with one of two codecs, whichever is smaller (the record names it):
+
+  - ``gaps+lzma``: the run of zeros before each non-zero, one byte per run
+    (a run ``g`` is ``g // 255`` bytes of 255 followed by the byte ``g % 255``),
+    compressed with raw LZMA2. Adaptive LZMA turns these bytes into close to
+    the entropy of the pattern: within 1.5–3 % of ``H(d)·N`` bits at 90–99 %
+    sparsity for i.i.d. patterns of millions of entries, 4–13 % for layers of
+    a few thousand (``benchmarks/bench_export_size.py``).
+  - ``bitmask+lzma``: the packed bit mask (little bit order) compressed with raw
+    LZMA2; smaller at low sparsity.
+
+* the values (``planes+zlib``): the non-zero values' bytes split into byte
+  planes (all lowest bytes, then all second bytes, ...), each plane
+  zlib-compressed when that makes it smaller. The planes holding sign and
+  exponent compress well — the survivors of magnitude pruning span few
+  binades — while low mantissa planes are noise and stay raw. Lossless, so the
+  file usually lands *below* the bound ``H(d)·N + 32·nnz`` bits that raw fp32
+  values would need.
+
+Every entry's bytes carry a CRC-32, checked on load, so a corrupted file raises
+an error naming the tensor instead of producing a silently wrong model.
+
+``values`` precision: ``"fp32"`` is lossless — non-zeros keep their tensor's own
+dtype (float32 stays float32; float16, bfloat16 and float64 tensors keep
+theirs). ``"fp16"`` / ``"bf16"`` store the non-zeros of float32/float64 tensors
+in that dtype (halving the value bytes); 16-bit tensors keep their own dtype,
+and dense tensors are always stored as is.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from feather_sparse._version import __version__
+from feather_sparse.export.codec import (
+    _BITS_DTYPES,
+    _VALUE_DTYPES,
+    PATTERN_CODECS,
+    PatternCodec,
+    _bits,
+    _decode_values,
+    _dtype_from_name,
+    _dtype_name,
+    _encode_pattern,
+    _encode_values,
+    _from_bytes,
+    _raw_bytes,
+)
+from feather_sparse.export.header import (
+    DATA_KEY,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    HEADER_KEY,
+    MODEL_SPEC_ATTR,
+    SparseFileInfo,
+    TensorRecord,
+    _check_format,
+    _describe_spec,
+    _header_bytes,
+    _parse_header,
+)
+
+__all__ = ["inspect_sparse", "load_sparse", "load_sparse_state_dict", "save_sparse"]
+
+logger = logging.getLogger(__name__)
+
+
+def _safetensors(module: str) -> Any:
+    """Import (a part of) safetensors, the optional container library."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ValueError(
+            "sparse checkpoints need the safetensors package: pip install 'feather-sparse[export]'"
+        ) from None
+
+
+def _check_byte_order() -> None:
+    if sys.byteorder != "little":  # the raw bytes in the file are little-endian
+        raise RuntimeError("feather-sparse checkpoints need a little-endian machine")
+
+
+# ---------------------------------------------------------------------------
+# Saving
+# ---------------------------------------------------------------------------
+
+
+def _model_spec(model: nn.Module) -> dict[str, Any] | None:
+    spec = getattr(model, MODEL_SPEC_ATTR, None)
+    if spec is None:
+        return None
+    try:
+        # Round-trip through JSON so what we return is exactly what loads back.
+        out: dict[str, Any] = json.loads(json.dumps(spec))
+    except (TypeError, ValueError):
+        logger.warning(
+            "model spec %r is not JSON-serializable; the file will need a model to load into", spec
+        )
+        return None
+    return out
+
+
+def _encode_tensor(name: str, tensor: Tensor, values: str) -> tuple[TensorRecord, bytes]:
+    """The record and the stored bytes of one state_dict tensor."""
+    t = tensor.detach().cpu().contiguous()
+    raw = _raw_bytes(t)
+    floating = t.is_floating_point() and t.element_size() in _BITS_DTYPES
+    nonzero = _bits(t) != 0 if floating else None
+    nnz = int(nonzero.sum()) if nonzero is not None else int(torch.count_nonzero(t))
+    shape, dtype = tuple(t.shape), _dtype_name(t.dtype)
+    dense = (TensorRecord(name, shape, dtype, nnz, crc32=zlib.crc32(raw)), raw)
+    if nonzero is None or t.numel() == 0 or nnz == t.numel():
+        return dense
+
+    value_dtype = t.dtype
+    if t.element_size() > 2 and values != "fp32":
+        value_dtype = _VALUE_DTYPES[values]
+    kept = t.reshape(-1)[nonzero]
+    stored_values = kept.to(value_dtype)
+    if value_dtype != t.dtype:
+        overflow = torch.isinf(stored_values) & torch.isfinite(kept)
+        if bool(overflow.any()):
+            raise ValueError(
+                f"tensor {name!r}: values={values!r} overflows (largest |value| "
+                f"{float(kept.abs().max()):.4g}); use values='bf16' or 'fp32'"
+            )
+    codec, pattern = _encode_pattern(nonzero.numpy())
+    planes, value_bytes = _encode_values(stored_values)
+    payload = pattern + value_bytes
+    if len(payload) >= len(raw):
+        return dense
+    record = TensorRecord(
+        name,
+        shape,
+        dtype,
+        nnz,
+        crc32=zlib.crc32(payload),
+        pattern_codec=codec,
+        pattern_bytes=len(pattern),
+        values_dtype=_dtype_name(value_dtype),
+        value_planes=planes,
+    )
+    return record, payload
+
+
+def save_sparse(
+    model: nn.Module | Mapping[str, Tensor],
+    path: str | os.PathLike[str],
+    *,
+    values: str = "fp32",
+    metadata: Mapping[str, Any] | None = None,
+) -> SparseFileInfo:
+    """Write a model's ``state_dict`` as a compressed sparse checkpoint.
+
+    Sparse floating tensors are stored as a compressed pattern plus their
+    non-zero values, everything else as is (see the module docstring for the
+    format). With ``values="fp32"`` the round trip through :func:`load_sparse`
+    is bit-exact. Call ``Pruner.finalize()`` first: a model that still carries
+    parametrizations is saved with its raw (unthresholded, dense) tensors.
+
+    Args:
+        model: the model (or a ``state_dict``). When it came from
+            ``create_model`` its ``feather_model_spec`` is stored, so
+            ``load_sparse(path)`` can rebuild it.
+        path: the file to write (conventionally ``*.fsp``); written atomically.
+        values: precision of the stored non-zeros: ``"fp32"`` (lossless),
+            ``"fp16"`` or ``"bf16"``.
+        metadata: extra JSON-serializable information stored in the header
+            (read it back with :func:`inspect_sparse`).
+
+    Returns:
+        The description of the written file.
+
+    Raises:
+        ValueError: for an unknown ``values``, metadata that is not
+            JSON-serializable, or values that overflow float16.
+
+    Example:
+        >>> model = nn.Linear(64, 64)
+        >>> with torch.no_grad():
+        ...     model.weight[model.weight.abs() < 0.1] = 0
+        >>> info = save_sparse(model, tmp_path / "model.fsp")  # doctest: +SKIP
+        >>> load_sparse(tmp_path / "model.fsp", nn.Linear(64, 64))  # doctest: +SKIP
+    """
+    _check_byte_order()
+    if values not in _VALUE_DTYPES:
+        raise ValueError(f"values must be one of {sorted(_VALUE_DTYPES)}, got {values!r}")
+    metadata = dict(metadata or {})
+    try:
+        json.dumps(metadata)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"metadata must be JSON-serializable: {err}") from None
+
+    if isinstance(model, nn.Module):
+        if any(parametrize.is_parametrized(m) for m in model.modules()):
+            logger.warning(
+                "the model still has parametrizations (a Pruner not finalized?); "
+                "their raw dense tensors are saved. Call pruner.finalize() first."
+            )
+        state = model.state_dict()
+        spec = _model_spec(model)
+    else:
+        state, spec = dict(model), None
+
+    records: list[TensorRecord] = []
+    chunks: list[bytes] = []
+    for name, tensor in state.items():
+        if not isinstance(tensor, Tensor):
+            raise ValueError(f"state_dict entry {name!r} is not a tensor ({type(tensor).__name__})")
+        record, payload = _encode_tensor(name, tensor, values)
+        records.append(record)
+        chunks.append(payload)
+
+    header = _header_bytes(records, values, spec, metadata)
+    entries = {
+        HEADER_KEY: _from_bytes(header, torch.uint8, (len(header),)),
+        DATA_KEY: _from_bytes(b"".join(chunks), torch.uint8, (sum(map(len, chunks)),)),
+    }
+    save_file = _safetensors("safetensors.torch").save_file
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(
+            entries,
+            tmp,
+            metadata={
+                "format": FORMAT_NAME,
+                "format_version": str(FORMAT_VERSION),
+                "library_version": __version__,
+            },
+        )
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    info = _parse_header(str(target), header, target.stat().st_size)
+    logger.info(
+        "wrote %s: %d bytes (%.1fx smaller than dense, %.3fx the entropy bound)",
+        target,
+        info.file_bytes,
+        info.dense_bytes / max(info.file_bytes, 1),
+        info.file_bytes / max(info.entropy_bound_bytes, 1.0),
+    )
+    return info
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+
+
+def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo, bytes]:
+    """The file's description and (when asked) its data bytes, with clear errors."""
+    safetensors = _safetensors("safetensors")
+    safe_open, SafetensorError = safetensors.safe_open, safetensors.SafetensorError
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"sparse checkpoint {str(p)!r} does not exist")
+    try:
+        with safe_open(str(p), framework="pt", device="cpu") as f:
+            _check_format(str(p), f.metadata() or {})
+            keys = set(f.keys())
+            if not {HEADER_KEY, DATA_KEY} <= keys:
+                raise ValueError(f"{p}: the file is corrupted (entries {sorted(keys)})")
+            info = _parse_header(str(p), _raw_bytes(f.get_tensor(HEADER_KEY)), p.stat().st_size)
+            data = _raw_bytes(f.get_tensor(DATA_KEY)) if with_data else b""
+    except SafetensorError as err:
+        raise ValueError(
+            f"{p} is not a readable feather-sparse checkpoint (truncated or corrupted?): {err}"
+        ) from None
+    if with_data and len(data) != sum(r.stored_bytes for r in info.tensors):
+        raise ValueError(f"{p}: the file is corrupted (data size does not match the header)")
+    return info, data
+
+
+def inspect_sparse(path: str | os.PathLike[str]) -> SparseFileInfo:
+    """Describe a sparse checkpoint from its header (no tensor is decoded).
+
+    Raises:
+        FileNotFoundError: if the file does not exist.
+        ValueError: if it is not a feather-sparse checkpoint of this format
+            version, or is truncated or corrupted.
+    """
+    return _read(path, with_data=False)[0]
+
+
+def _decode_record(record: TensorRecord, payload: bytes) -> Tensor:
+    """Rebuild one tensor from its stored bytes, verifying the checksum."""
+    if zlib.crc32(payload) != record.crc32:
+        raise ValueError(
+            f"tensor {record.name!r} is corrupted (checksum mismatch); "
+            "the file was damaged after writing"
+        )
+    dtype = _dtype_from_name(record.dtype)
+    if not record.is_sparse:
+        return _from_bytes(payload, dtype, record.shape)
+    assert record.pattern_codec is not None and record.values_dtype is not None
+    codec: PatternCodec = PATTERN_CODECS.get(record.pattern_codec)
+    try:
+        mask = codec.decode(payload[: record.pattern_bytes], record.numel, record.nnz)
+        values = _decode_values(
+            payload[record.pattern_bytes :],
+            record.value_planes,
+            record.nnz,
+            _dtype_from_name(record.values_dtype),
+        )
+    except ValueError as err:
+        raise ValueError(f"tensor {record.name!r}: {err}") from None
+    if int(mask.sum()) != record.nnz:
+        raise ValueError(f"tensor {record.name!r}: pattern does not have {record.nnz} non-zeros")
+    bits = torch.zeros(record.numel, dtype=_BITS_DTYPES[dtype.itemsize])
+    # Copy bit patterns (not float values) so that NaN payloads survive.
+    bits[torch.from_numpy(mask)] = _bits(values.to(dtype))
+    return bits.view(dtype).reshape(record.shape)
+
+
+def load_sparse_state_dict(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, Tensor], SparseFileInfo]:
+    """Read a sparse checkpoint into a dense ``state_dict`` (CPU tensors).
+
+    Returns:
+        The ``state_dict`` (entries in their saved order and dtypes) and the
+        file's description.
+
+    Raises:
+        FileNotFoundError: if the file does not exist.
+        ValueError: for a truncated or corrupted file or another format version.
+    """
+    _check_byte_order()
+    info, data = _read(path, with_data=True)
+    state: dict[str, Tensor] = {}
+    offset = 0
+    for record in info.tensors:
+        size = record.stored_bytes
+        state[record.name] = _decode_record(record, data[offset : offset + size])
+        offset += size
+    return state, info
+
+
+def _check_architecture(
+    model: nn.Module, state: Mapping[str, Tensor], info: SparseFileInfo
+) -> None:
+    """Raise a ``ValueError`` naming every difference between file and model."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [
+        f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in expected
+        if k in state and state[k].shape != expected[k].shape
+    ]
+    if not (missing or unexpected or shapes):
+        return
+
+    def listing(items: list[str]) -> str:
+        return ", ".join(items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
+
+    problems = []
+    if shapes:
+        problems.append(f"shape mismatch: {listing(shapes)}")
+    if missing:
+        problems.append(f"missing from the file: {listing(missing)}")
+    if unexpected:
+        problems.append(f"not in the model: {listing(unexpected)}")
+    hint = ""
+    if any("parametrizations." in k for k in missing + unexpected):
+        hint = " (one side has parametrizations: finalize the Pruner or load into a plain model)"
+    model_spec = getattr(model, MODEL_SPEC_ATTR, None)
+    raise ValueError(
+        f"{info.path} does not match the model's architecture "
+        f"(file: {_describe_spec(info.model_spec)}, model: "
+        f"{_describe_spec(model_spec) if model_spec else type(model).__name__}): "
+        + "; ".join(problems)
+        + hint
+    )
+
+
+def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) -> nn.Module:
+    """Load a sparse checkpoint into ``model``, or into a model rebuilt from the file.
+
+    The architecture is checked first: every missing, unexpected or
+    differently shaped tensor is named in the error. Tensors are copied into
+    the model's own parameters and buffers (keeping its device); the model's
+    train/eval mode is left as it is.
+
+    Args:
+        path: a file written by :func:`save_sparse`.
+        model: the model to load into. ``None`` rebuilds it with
+            ``create_model`` from the model spec stored in the file.
+
+    Returns:
+        The model with the checkpoint's weights.
+
+    Raises:
+        FileNotFoundError: if the file does not exist.
+        ValueError: for a truncated or corrupted file, another format version,
+            a model of another architecture, or ``model=None`` with a file
+            that has no model spec.
+    """
+    state, info = load_sparse_state_dict(path)
+    if model is None:
+        spec = info.model_spec
+        if not spec or "name" not in spec:
+            raise ValueError(
+                f"{info.path} has no model spec (the model did not come from create_model); "
+                "pass the model to load into: load_sparse(path, model)"
+            )
+        from feather_sparse.models import create_model
+
+        model = create_model(str(spec["name"]), **dict(spec.get("kwargs") or {}))
+    _check_architecture(model, state, info)
+    model.load_state_dict(state, strict=True)
+    return model

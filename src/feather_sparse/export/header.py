@@ -1,0 +1,342 @@
+"""What a ``.fsp`` file holds: its per-tensor records and its header.
+
+:class:`TensorRecord` describes how one ``state_dict`` entry is stored,
+:class:`SparseFileInfo` the whole file; both are read from the header alone,
+without decoding a tensor. Also here: the header's (de)serialization
+(JSON, xz-compressed with a CRC-64) and the check that a file is this format
+and version, and :func:`format_info`, the table ``feather-sparse inspect``
+prints. The layout itself is described in :mod:`feather_sparse.export.fsp`.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from feather_sparse._version import __version__
+from feather_sparse.export.codec import _VALUES_CODEC, PATTERN_CODECS, _dtype_from_name
+
+__all__ = [
+    "DATA_KEY",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "HEADER_KEY",
+    "MODEL_SPEC_ATTR",
+    "SparseFileInfo",
+    "TensorRecord",
+    "format_info",
+    "human_bytes",
+]
+
+#: Name written into (and required from) every sparse checkpoint.
+FORMAT_NAME = "feather-sparse"
+#: Version of the file layout this code writes and reads.
+FORMAT_VERSION = 1
+#: The safetensors entries of a sparse checkpoint.
+HEADER_KEY = "feather.header"
+DATA_KEY = "feather.data"
+#: Name of the attribute ``create_model`` sets on the models it builds.
+MODEL_SPEC_ATTR = "feather_model_spec"
+#: Format name of the training loop's checkpoints (``RUN_DIR/checkpoints/last.pt``).
+
+
+def _binary_entropy(density: float) -> float:
+    if density <= 0.0 or density >= 1.0:
+        return 0.0
+    return -(density * math.log2(density) + (1 - density) * math.log2(1 - density))
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """How one ``state_dict`` entry is stored in a sparse checkpoint.
+
+    Attributes:
+        name: the ``state_dict`` key.
+        shape: the tensor's shape.
+        dtype: the tensor's dtype name (``"float32"``, ...).
+        nnz: entries with a non-zero bit pattern (``-0.0`` counts as non-zero).
+        crc32: CRC-32 of the entry's stored bytes.
+        pattern_codec: the pattern codec's name; ``None`` for a dense entry.
+        pattern_bytes: bytes of the compressed pattern (sparse entries).
+        values_dtype: dtype name of the stored non-zero values (sparse entries).
+        value_planes: stored bytes of each byte plane of the values (sparse entries).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nnz: int
+    crc32: int
+    pattern_codec: str | None = None
+    pattern_bytes: int = 0
+    values_dtype: str | None = None
+    value_planes: tuple[int, ...] = ()
+
+    @property
+    def numel(self) -> int:
+        """Number of entries."""
+        return math.prod(self.shape)
+
+    @property
+    def is_sparse(self) -> bool:
+        """Whether the entry is stored as pattern + values."""
+        return self.pattern_codec is not None
+
+    @property
+    def encoding(self) -> str:
+        """``"dense"`` or the pattern codec's name."""
+        return self.pattern_codec or "dense"
+
+    @property
+    def density(self) -> float:
+        """Fraction of non-zero entries (1.0 for an empty tensor)."""
+        return self.nnz / self.numel if self.numel else 1.0
+
+    @property
+    def dense_bytes(self) -> int:
+        """Bytes of the tensor stored densely in its own dtype."""
+        return self.numel * _dtype_from_name(self.dtype).itemsize
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes the entry takes in the file's data."""
+        if not self.is_sparse:
+            return self.dense_bytes
+        return self.pattern_bytes + sum(self.value_planes)
+
+    @property
+    def pattern_entropy_bytes(self) -> float:
+        """``H(d)·N`` bits, in bytes: no coder stores an i.i.d. pattern in less."""
+        return _binary_entropy(self.density) * self.numel / 8
+
+    @property
+    def raw_value_bytes(self) -> int:
+        """Bytes of the non-zero values uncompressed (sparse), or of the tensor (dense)."""
+        if not self.is_sparse:
+            return self.dense_bytes
+        assert self.values_dtype is not None
+        return self.nnz * _dtype_from_name(self.values_dtype).itemsize
+
+    @property
+    def entropy_bound_bytes(self) -> float:
+        """``H(d)·N`` bits plus the raw value bytes (dense entries: their bytes)."""
+        if not self.is_sparse:
+            return float(self.dense_bytes)
+        return self.pattern_entropy_bytes + self.raw_value_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "nnz": self.nnz,
+            "crc32": self.crc32,
+        }
+        if self.is_sparse:
+            out["pattern"] = {"codec": self.pattern_codec, "bytes": self.pattern_bytes}
+            out["values"] = {
+                "dtype": self.values_dtype,
+                "codec": _VALUES_CODEC,
+                "planes": list(self.value_planes),
+            }
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TensorRecord:
+        name = data.get("name", "?") if isinstance(data, Mapping) else "?"
+        try:
+            pattern, values = data.get("pattern"), data.get("values")
+            record = cls(
+                name=str(data["name"]),
+                shape=tuple(int(d) for d in data["shape"]),
+                dtype=str(data["dtype"]),
+                nnz=int(data["nnz"]),
+                crc32=int(data["crc32"]),
+                pattern_codec=None if pattern is None else str(pattern["codec"]),
+                pattern_bytes=0 if pattern is None else int(pattern["bytes"]),
+                values_dtype=None if values is None else str(values["dtype"]),
+                value_planes=() if values is None else tuple(int(n) for n in values["planes"]),
+            )
+            if values is not None and values["codec"] != _VALUES_CODEC:
+                raise ValueError(f"unknown values codec {values['codec']!r}")
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"corrupted header: bad record for tensor {name!r} ({err})") from None
+        _dtype_from_name(record.dtype)
+        if record.is_sparse:
+            if record.values_dtype is None or record.pattern_codec not in PATTERN_CODECS:
+                raise ValueError(f"corrupted header: bad encoding for tensor {name!r}")
+            _dtype_from_name(record.values_dtype)
+        return record
+
+
+@dataclass(frozen=True)
+class SparseFileInfo:
+    """What a sparse checkpoint holds, read from its header alone.
+
+    Attributes:
+        path: the file.
+        file_bytes: size of the file.
+        format_version: the file's format version.
+        library_version: feather-sparse version that wrote it.
+        values: the ``values`` precision it was written with.
+        model_spec: ``{"name", "kwargs"}`` for ``create_model``, or ``None``.
+        metadata: the user's metadata passed to :func:`save_sparse`.
+        tensors: one record per ``state_dict`` entry, in order.
+    """
+
+    path: str
+    file_bytes: int
+    format_version: int
+    library_version: str
+    values: str
+    model_spec: dict[str, Any] | None
+    metadata: dict[str, Any]
+    tensors: tuple[TensorRecord, ...]
+
+    @property
+    def dense_bytes(self) -> int:
+        """Bytes of all tensors stored densely (a plain state_dict's payload)."""
+        return sum(r.dense_bytes for r in self.tensors)
+
+    @property
+    def entropy_bound_bytes(self) -> float:
+        """``Σ_l H(d_l)·N_l/8 + raw value bytes`` over sparse tensors, plus the dense bytes."""
+        return sum(r.entropy_bound_bytes for r in self.tensors)
+
+    @property
+    def sparsity(self) -> float:
+        """Fraction of zeros over the tensors stored sparse (0.0 when there are none)."""
+        numel = sum(r.numel for r in self.tensors if r.is_sparse)
+        nnz = sum(r.nnz for r in self.tensors if r.is_sparse)
+        return 1.0 - nnz / numel if numel else 0.0
+
+
+def _header_bytes(
+    records: Sequence[TensorRecord],
+    values: str,
+    model_spec: dict[str, Any] | None,
+    metadata: Mapping[str, Any],
+) -> bytes:
+    sparse = [r for r in records if r.is_sparse]
+    numel = sum(r.numel for r in sparse)
+    header = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "library_version": __version__,
+        "values": values,
+        "model_spec": model_spec,
+        "sparsity": 1.0 - sum(r.nnz for r in sparse) / numel if numel else 0.0,
+        "metadata": dict(metadata),
+        "tensors": [r.to_json() for r in records],
+    }
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return lzma.compress(text, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64)
+
+
+def _check_format(path: str, fields: Mapping[str, Any]) -> None:
+    """Raise a clear error unless ``fields`` name this format and version."""
+    if fields.get("format") != FORMAT_NAME:
+        raise ValueError(
+            f"{path} is not a feather-sparse checkpoint (format {fields.get('format')!r}); "
+            "write it with feather_sparse.save_sparse"
+        )
+    version = str(fields.get("format_version"))
+    if version != str(FORMAT_VERSION):
+        raise ValueError(
+            f"{path} has format version {version} (written by feather-sparse "
+            f"{fields.get('library_version', '?')}); this feather-sparse {__version__} reads "
+            f"format version {FORMAT_VERSION} only"
+        )
+
+
+def _parse_header(path: str, compressed: bytes, file_bytes: int) -> SparseFileInfo:
+    try:
+        header = json.loads(lzma.decompress(compressed, format=lzma.FORMAT_XZ))
+    except (lzma.LZMAError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: the header is corrupted ({err})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: the header is corrupted (not an object)")
+    _check_format(path, header)
+    tensors = header.get("tensors")
+    if not isinstance(tensors, list):
+        raise ValueError(f"{path}: the header is corrupted (no tensor table)")
+    spec = header.get("model_spec")
+    return SparseFileInfo(
+        path=path,
+        file_bytes=file_bytes,
+        format_version=int(header["format_version"]),
+        library_version=str(header.get("library_version", "?")),
+        values=str(header.get("values", "fp32")),
+        model_spec=spec if isinstance(spec, dict) else None,
+        metadata=dict(header.get("metadata") or {}),
+        tensors=tuple(TensorRecord.from_json(rec) for rec in tensors),
+    )
+
+
+def _describe_spec(spec: Mapping[str, Any] | None) -> str:
+    if not spec:
+        return "unknown model"
+    kwargs = ", ".join(f"{k}={v!r}" for k, v in dict(spec.get("kwargs") or {}).items())
+    return f"{spec.get('name')}({kwargs})"
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes in B, KiB, MiB or GiB, for people to read."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def format_info(info: SparseFileInfo) -> str:
+    """The per-tensor table and totals printed by ``feather-sparse inspect``."""
+    rows = [("name", "shape", "dtype", "storage", "density", "bytes")]
+    for r in info.tensors:
+        rows.append(
+            (
+                r.name,
+                "x".join(str(d) for d in r.shape) or "()",
+                r.dtype if not r.is_sparse else f"{r.dtype}/{r.values_dtype}",
+                r.encoding,
+                f"{r.density:.4f}",
+                str(r.stored_bytes),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    right = {4, 5}
+    lines = [
+        "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    bound = info.entropy_bound_bytes
+    lines += [
+        "",
+        f"file: {info.path}  (format {info.format_version}, written by feather-sparse "
+        f"{info.library_version}, values {info.values})",
+        f"model: {_describe_spec(info.model_spec)}",
+        f"tensors: {len(info.tensors)} ({sum(r.is_sparse for r in info.tensors)} sparse), "
+        f"sparsity of the sparse ones {info.sparsity:.4f}",
+        f"size: {human_bytes(info.file_bytes)} vs {human_bytes(info.dense_bytes)} dense "
+        f"({info.dense_bytes / max(info.file_bytes, 1):.2f}x smaller), "
+        f"{info.file_bytes / max(bound, 1.0):.3f}x the bound H(d)*N + raw values",
+    ]
+    sparse = [r for r in info.tensors if r.is_sparse]
+    if sparse:
+        pattern = sum(r.pattern_bytes for r in sparse)
+        entropy = sum(r.pattern_entropy_bytes for r in sparse)
+        stored = sum(sum(r.value_planes) for r in sparse)
+        raw = sum(r.raw_value_bytes for r in sparse)
+        lines.append(
+            f"sparse tensors: patterns {human_bytes(pattern)} ({pattern / max(entropy, 1.0):.3f}x "
+            f"H(d)*N), values {human_bytes(stored)} ({stored / max(raw, 1):.3f}x raw)"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,295 @@
+"""Sparse inference: CSR-backed Linear and 1×1 convolution layers, and the conversion.
+
+:func:`to_sparse_inference` swaps sufficiently sparse ``nn.Linear`` layers (and
+1×1 convolutions) of a finalized model for :class:`SparseLinear` /
+:class:`SparsePointwiseConv`, which multiply with ``torch.sparse`` CSR weights
+(int32 indices).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["SparseLinear", "SparsePointwiseConv", "to_sparse_inference"]
+
+logger = logging.getLogger(__name__)
+
+
+def _to_csr_int32(weight: Tensor) -> Tensor:
+    """A 2-D dense tensor as CSR with int32 indices (half the index bytes of int64)."""
+    with warnings.catch_warnings():
+        # torch flags CSR support as beta on every conversion; it is what we want.
+        warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support is in beta.*")
+        csr = weight.detach().to_sparse_csr()
+    return torch.sparse_csr_tensor(
+        csr.crow_indices().to(torch.int32),
+        csr.col_indices().to(torch.int32),
+        csr.values(),
+        size=tuple(csr.shape),
+        dtype=weight.dtype,
+        device=weight.device,
+        check_invariants=False,  # built by to_sparse_csr, valid by construction
+    )
+
+
+def _csr_matmul(weight_csr: Tensor, bias_column: Tensor | None, columns: Tensor) -> Tensor:
+    """``W @ columns (+ bias)`` with ``W`` in CSR: ``(out, in) @ (in, n) -> (out, n)``."""
+    if bias_column is None:
+        return torch.mm(weight_csr, columns)
+    return torch.addmm(bias_column, weight_csr, columns)
+
+
+class SparseLinear(nn.Module):
+    """Inference-only ``nn.Linear`` whose weight is a CSR tensor (int32 indices).
+
+    ``y = x Wᵀ + b`` is computed as ``(W xᵀ + b)ᵀ`` so the sparse operand is
+    on the left, the layout ``torch.sparse`` (MKL on CPU, cuSPARSE on CUDA)
+    multiplies fastest. Output is contiguous, like ``nn.Linear``'s.
+
+    Args:
+        weight: the dense ``(out_features, in_features)`` weight.
+        bias: the ``(out_features,)`` bias or ``None``.
+    """
+
+    weight_csr: Tensor
+    bias_column: Tensor | None
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
+        super().__init__()
+        if weight.dim() != 2:
+            raise ValueError(f"SparseLinear needs a 2-D weight, got shape {tuple(weight.shape)}")
+        self.out_features, self.in_features = (int(d) for d in weight.shape)
+        self.register_buffer("weight_csr", _to_csr_int32(weight))
+        column = None if bias is None else bias.detach().reshape(-1, 1).clone()
+        self.register_buffer("bias_column", column)
+
+    @classmethod
+    def from_dense(cls, linear: nn.Linear) -> SparseLinear:
+        """Convert an ``nn.Linear`` (its current weight, parametrized or not)."""
+        return cls(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
+
+    @property
+    def nnz(self) -> int:
+        """Number of stored non-zeros."""
+        return int(self.weight_csr.values().numel())
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)  # (n, in)
+        out = _csr_matmul(self.weight_csr, self.bias_column, rows.t())  # (out, n)
+        return out.t().contiguous().reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        density = self.nnz / max(self.in_features * self.out_features, 1)
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias_column is not None}, density={density:.4f}"
+        )
+
+
+class SparsePointwiseConv(nn.Module):
+    """Inference-only 1×1 convolution (1-D, 2-D or 3-D) with a CSR weight.
+
+    A 1×1 convolution with no padding and one group is a matrix product over
+    channels: ``(out, in) @ (in, N·spatial)``; a stride subsamples the input
+    first.
+
+    Args:
+        weight: the dense ``(out, in, 1, ...)`` weight.
+        bias: the ``(out,)`` bias or ``None``.
+        stride: the convolution's stride per spatial dimension.
+    """
+
+    weight_csr: Tensor
+    bias_column: Tensor | None
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, stride: Sequence[int]) -> None:
+        super().__init__()
+        if any(k != 1 for k in weight.shape[2:]) or len(stride) != weight.dim() - 2:
+            raise ValueError(f"not a 1x1 convolution weight: shape {tuple(weight.shape)}")
+        self.out_channels, self.in_channels = int(weight.shape[0]), int(weight.shape[1])
+        self.stride = tuple(int(s) for s in stride)
+        self.register_buffer("weight_csr", _to_csr_int32(weight.detach().flatten(1)))
+        column = None if bias is None else bias.detach().reshape(-1, 1).clone()
+        self.register_buffer("bias_column", column)
+
+    @classmethod
+    def from_dense(cls, conv: nn.Conv1d | nn.Conv2d | nn.Conv3d) -> SparsePointwiseConv:
+        """Convert an eligible convolution (see :func:`_is_pointwise_conv`)."""
+        if not _is_pointwise_conv(conv):
+            raise ValueError(f"{conv} is not a 1x1, unpadded, single-group convolution")
+        bias = None if conv.bias is None else conv.bias.detach()
+        return cls(conv.weight.detach(), bias, conv.stride)
+
+    @property
+    def nnz(self) -> int:
+        """Number of stored non-zeros."""
+        return int(self.weight_csr.values().numel())
+
+    def forward(self, x: Tensor) -> Tensor:
+        spatial_dims = len(self.stride)
+        batched = x.dim() == spatial_dims + 2
+        if not batched:
+            x = x.unsqueeze(0)
+        if any(s != 1 for s in self.stride):
+            x = x[(slice(None), slice(None), *(slice(None, None, s) for s in self.stride))]
+        n, spatial = x.shape[0], x.shape[2:]
+        columns = x.movedim(1, 0).reshape(self.in_channels, -1)  # (in, N·spatial)
+        out = _csr_matmul(self.weight_csr, self.bias_column, columns)  # (out, N·spatial)
+        out = out.reshape(self.out_channels, n, *spatial).movedim(0, 1).contiguous()
+        return out if batched else out.squeeze(0)
+
+    def extra_repr(self) -> str:
+        density = self.nnz / max(self.in_channels * self.out_channels, 1)
+        return (
+            f"{self.in_channels}, {self.out_channels}, stride={self.stride}, "
+            f"bias={self.bias_column is not None}, density={density:.4f}"
+        )
+
+
+def _is_pointwise_conv(module: nn.Module) -> bool:
+    if not isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d):
+        return False
+    padding = module.padding
+    no_padding = padding == "valid" or (
+        not isinstance(padding, str) and all(int(p) == 0 for p in padding)
+    )
+    return all(k == 1 for k in module.kernel_size) and module.groups == 1 and no_padding
+
+
+def _median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fn()  # warm-up
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _replace_module(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, child, new)
+
+
+def to_sparse_inference(
+    model: nn.Module,
+    min_sparsity: float = 0.9,
+    *,
+    min_weights: int = 65536,
+    example_input: Tensor | tuple[Tensor, ...] | None = None,
+    repeats: int = 5,
+    inplace: bool = False,
+) -> nn.Module:
+    """Replace sparse-enough Linear and 1×1 conv layers by CSR-backed ones.
+
+    A layer is eligible when it is an ``nn.Linear``, or an ``nn.Conv1d/2d/3d``
+    with a 1×1 kernel, no padding and one group, with a float32/float64
+    weight of at least ``min_weights`` entries and at least ``min_sparsity``
+    exact zeros. (3×3 and other convolutions always stay dense: on CPU the
+    sparse path did not pay for them in our measurements.) The defaults come
+    from ``benchmarks/bench_sparse_inference.py``: below ~90 % sparsity, or
+    for layers with fewer than ~64 k weights, the CSR call's fixed cost
+    outweighs the saved multiply-adds on CPU.
+
+    With ``example_input``, the decision is measured instead of guessed:
+    each eligible layer is timed dense and sparse on the input it actually
+    receives (median of ``repeats``) and converted only if sparse is faster.
+
+    The converted layers are inference-only (no gradients to the weights).
+
+    Args:
+        model: the (finalized) model.
+        min_sparsity: least fraction of zero weights for a layer to convert.
+        min_weights: least number of weights for a layer to convert.
+        example_input: a representative input batch (or tuple of inputs) to
+            time each eligible layer on; ``None`` keeps the static rules.
+        repeats: timing repeats per layer with ``example_input``.
+        inplace: modify ``model`` itself instead of a deep copy.
+
+    Returns:
+        The converted model (``model`` itself when ``inplace``).
+
+    Raises:
+        ValueError: if ``min_sparsity`` is outside ``[0, 1]`` or ``repeats < 1``.
+
+    Example:
+        >>> sparse_model = to_sparse_inference(model.eval(), min_sparsity=0.9)  # doctest: +SKIP
+    """
+    if not 0.0 <= min_sparsity <= 1.0:
+        raise ValueError(f"min_sparsity must be in [0, 1], got {min_sparsity}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if not inplace:
+        model = copy.deepcopy(model)
+
+    candidates: dict[str, nn.Module] = {}
+    for name, module in model.named_modules():
+        if not (isinstance(module, nn.Linear) or _is_pointwise_conv(module)):
+            continue
+        weight = module.weight
+        if not isinstance(weight, Tensor) or weight.dtype not in (torch.float32, torch.float64):
+            continue
+        numel = weight.numel()
+        if numel < max(min_weights, 1):
+            continue
+        sparsity = 1.0 - int(torch.count_nonzero(weight.detach())) / numel
+        if sparsity >= min_sparsity:
+            candidates[name] = module
+
+    def convert(module: nn.Module) -> nn.Module:
+        if isinstance(module, nn.Linear):
+            return SparseLinear.from_dense(module)
+        assert isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d)
+        return SparsePointwiseConv.from_dense(module)
+
+    seen_inputs: dict[str, Tensor] = {}
+    if example_input is not None and candidates:
+        hooks = [
+            module.register_forward_pre_hook(
+                lambda _m, args, name=name: seen_inputs.setdefault(name, args[0])
+            )
+            for name, module in candidates.items()
+        ]
+        try:
+            with torch.inference_mode():
+                inputs = example_input if isinstance(example_input, tuple) else (example_input,)
+                model(*inputs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    for name, module in candidates.items():
+        sparse = convert(module)
+        if name in seen_inputs:
+            x = seen_inputs[name]
+            with torch.inference_mode():
+                dense_s = _median_seconds(functools.partial(module, x), repeats, x.device)
+                sparse_s = _median_seconds(functools.partial(sparse, x), repeats, x.device)
+            if sparse_s >= dense_s:
+                logger.info(
+                    "%s stays dense: sparse %.3g s vs dense %.3g s", name, sparse_s, dense_s
+                )
+                continue
+        elif example_input is not None:
+            logger.info("%s stays dense: it did not run on the example input", name)
+            continue
+        _replace_module(model, name, sparse)
+        logger.info("%s -> %s", name, sparse)
+    return model

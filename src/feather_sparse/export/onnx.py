@@ -1,0 +1,144 @@
+"""ONNX export of a finalized (dense-format) model, and its check in onnxruntime."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["export_onnx", "verify_onnx"]
+
+logger = logging.getLogger(__name__)
+
+# torch's exporters cap the opset below the newest the onnx package knows:
+# the torch.export-based one (needs onnxscript) at 23, the legacy TorchScript
+# one at 20 in torch 2.13. Fallbacks in case the private constants move.
+_DYNAMO_MAX_OPSET = 23
+_LEGACY_MAX_OPSET = 20
+
+
+def _onnx_exporter() -> tuple[str, int]:
+    """Which torch ONNX exporter works offline here, and its highest opset."""
+    constants = importlib.import_module("torch.onnx._constants")
+    try:
+        importlib.import_module("onnxscript")
+    except ImportError:
+        return "legacy", int(
+            getattr(constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", _LEGACY_MAX_OPSET)
+        )
+    return "dynamo", int(getattr(constants, "ONNX_MAX_OPSET", _DYNAMO_MAX_OPSET))
+
+
+def export_onnx(
+    model: nn.Module,
+    path: str | os.PathLike[str],
+    example_input: Tensor,
+    *,
+    opset: int | None = None,
+) -> int:
+    """Write the (finalized, dense-format) model to ONNX with a dynamic batch size.
+
+    Uses torch's ``torch.export``-based exporter when ``onnxscript`` is
+    installed and the legacy TorchScript exporter (``dynamo=False``) otherwise;
+    both work offline. The default opset is the newest that both the
+    installed ``onnx`` package and the chosen exporter support (onnx 1.23
+    knows opset 28; torch 2.13 exports at most 23, or 20 with the legacy
+    exporter).
+
+    Args:
+        model: the model (put in eval mode for the export).
+        path: the ``.onnx`` file to write.
+        example_input: an input batch with a batch size of at least 2 (the
+            batch dimension is exported as dynamic).
+        opset: the ONNX opset; ``None`` picks the default above.
+
+    Returns:
+        The opset written.
+
+    Raises:
+        ValueError: if ``onnx`` is not installed or ``opset`` is too new.
+    """
+    try:
+        onnx = importlib.import_module("onnx")
+    except ImportError:
+        raise ValueError(
+            "ONNX export needs the onnx package: pip install 'feather-sparse[onnx]'"
+        ) from None
+    exporter, exporter_max = _onnx_exporter()
+    newest = min(int(onnx.defs.onnx_opset_version()), exporter_max)
+    opset = newest if opset is None else int(opset)
+    if opset > newest:
+        raise ValueError(f"opset {opset} is newer than this setup exports ({exporter}: {newest})")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    model.eval()
+    try:
+        with warnings.catch_warnings():
+            # Noise from torch's own exporter internals (torch 2.13), not actionable here.
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            if exporter == "legacy":  # the fallback is deprecated in torch; we know
+                warnings.simplefilter("ignore", DeprecationWarning)
+            if exporter == "dynamo":
+                program = torch.onnx.export(
+                    model,
+                    (example_input,),
+                    dynamo=True,
+                    opset_version=opset,
+                    input_names=["input"],
+                    output_names=["output"],
+                    dynamic_shapes=({0: torch.export.Dim("batch")},),
+                    verbose=False,
+                )
+                assert program is not None
+                program.save(str(target))
+            else:
+                torch.onnx.export(
+                    model,
+                    (example_input,),
+                    str(target),
+                    dynamo=False,
+                    opset_version=opset,
+                    input_names=["input"],
+                    output_names=["output"],
+                    dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+                )
+    finally:
+        model.train(was_training)
+    logger.info("wrote %s (opset %d, %s exporter)", target, opset, exporter)
+    return opset
+
+
+def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) -> float:
+    """Run the ONNX file in ``onnxruntime`` and compare with the PyTorch model.
+
+    Returns:
+        The largest absolute difference between the two outputs.
+
+    Raises:
+        ValueError: if ``onnxruntime`` is not installed.
+    """
+    try:
+        ort = importlib.import_module("onnxruntime")
+    except ImportError:
+        raise ValueError(
+            "verifying ONNX needs onnxruntime: pip install 'feather-sparse[onnx]'"
+        ) from None
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: inputs.detach().cpu().numpy()}
+    onnx_out = torch.from_numpy(session.run(None, feed)[0])
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            torch_out = model(inputs).detach().cpu()
+    finally:
+        model.train(was_training)
+    if onnx_out.shape != torch_out.shape:
+        raise ValueError(f"ONNX output shape {tuple(onnx_out.shape)} != {tuple(torch_out.shape)}")
+    return float((onnx_out.float() - torch_out.float()).abs().max()) if onnx_out.numel() else 0.0
