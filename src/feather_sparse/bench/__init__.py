@@ -1,0 +1,57 @@
+"""The paper's experiments, one command each: ``feather-sparse bench <name>``.
+
+Glentis Georgoulakis, Retsinas & Maragos, "Feather: An Elegant Solution to
+Effective DNN Sparsification", BMVC 2023. Each experiment is a grid of
+training runs of :func:`feather_sparse.train.train` (the same code path as
+``feather-sparse train``), summarised as Markdown tables (mean ± std over
+seeds, best per column in bold, with the command, library version and machine
+underneath) and PNG plots. The experiments are listed in
+:mod:`feather_sparse.bench.experiments`.
+
+By default everything runs on the bundled data (MNIST-1D, the ``mnist1d``
+recipe); ``--recipe cifar100 --model resnet20 --data-dir DATA`` (or
+``--data cifar100``) runs the paper's scale. ``--quick`` is a CI-sized smoke
+run.
+
+Runs are independent processes (``--jobs``), and each run's outcome is kept
+as ``RUNS_DIR/<key>/result.json``, keyed by a hash of the run's whole config:
+an interrupted sweep continues where it stopped, and experiments that share a
+run (``theta`` and ``stability`` at the same θ and sparsity) train it once.
+Every run also records its mask stability, per-layer sparsity and FLOPs, so
+any experiment can be summarised from any run.
+
+The flow, one module per step::
+
+    options (BenchOptions) -> experiments/<name>.plan -> runner (train, store)
+        -> experiments/<name>.summarize -> pages (tables, footer, files)
+
+``driver.run_experiment`` runs those steps for one experiment.
+"""
+
+from __future__ import annotations
+
+from feather_sparse.bench.driver import ExperimentResult, run_experiment
+from feather_sparse.bench.experiments import EXPERIMENTS, Experiment
+from feather_sparse.bench.feather_gmp import FEATHER_GMP, register_methods
+from feather_sparse.bench.options import DEFAULT_BENCH_RECIPE, DEFAULT_SEEDS, BenchOptions
+from feather_sparse.bench.pages import Context, Grid, machine_description
+from feather_sparse.bench.runner import RunOutcome, RunSpec, execute_runs, run_key
+
+__all__ = [
+    "DEFAULT_BENCH_RECIPE",
+    "DEFAULT_SEEDS",
+    "EXPERIMENTS",
+    "FEATHER_GMP",
+    "BenchOptions",
+    "Context",
+    "Experiment",
+    "ExperimentResult",
+    "Grid",
+    "RunOutcome",
+    "RunSpec",
+    "execute_runs",
+    "machine_description",
+    "register_methods",
+    "run_experiment",
+    "run_key",
+]

@@ -1,0 +1,138 @@
+"""What an experiment is (:class:`Experiment`), and the pieces its plan and summary share."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from feather_sparse.analysis import Curve, mean_std
+from feather_sparse.bench.options import BenchOptions
+from feather_sparse.bench.pages import Context, Grid, pct
+from feather_sparse.bench.runner import RunOutcome, RunSpec
+from feather_sparse.plots import plot_curves
+
+__all__ = [
+    "DENSE",
+    "PAPER_SPARSITIES",
+    "PAPER_THETAS",
+    "Experiment",
+]
+
+#: The paper's sparsity grid (Table 1 and every ablation figure).
+PAPER_SPARSITIES = (0.9, 0.95, 0.98, 0.99)
+#: θ values of Fig. 3 and of the stability study.
+PAPER_THETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: The group of the dense model's runs.
+DENSE = "dense"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A named grid of runs and how to summarise it.
+
+    Attributes:
+        name: the ``feather-sparse bench`` name.
+        title: the results page's title.
+        paper: what it reproduces (table / figure of the paper).
+        plan: ``opts -> runs``.
+        summarize: ``context -> (Markdown body, figures written)``.
+    """
+
+    name: str
+    title: str
+    paper: str
+    plan: Callable[[BenchOptions], list[RunSpec]]
+    summarize: Callable[[Context], tuple[str, list[Path]]]
+
+
+# ====================================================================== plans
+def cells(
+    opts: BenchOptions, rows: Mapping[str, Mapping[str, Any]], sparsities: Sequence[float]
+) -> list[RunSpec]:
+    """One run per row, sparsity and seed; ``rows`` maps a label to its config fields."""
+    return [
+        RunSpec(label, s, seed, {**settings, "dense": False, "sparsity": s})
+        for label, settings in rows.items()
+        for s in sparsities
+        for seed in opts.run_seeds
+    ]
+
+
+def dense_runs(opts: BenchOptions) -> list[RunSpec]:
+    """The dense model, once per seed."""
+    return [RunSpec(DENSE, 0.0, seed, {"dense": True}) for seed in opts.run_seeds]
+
+
+def thetas(opts: BenchOptions, default: Sequence[float]) -> tuple[float, ...]:
+    """The θ values: the given ones, else ``default``."""
+    return tuple(opts.thetas) if opts.thetas else tuple(default)
+
+
+def theta_label(t: float) -> str:
+    return f"θ = {t:g}"
+
+
+# ================================================================== summaries
+def accuracy(o: RunOutcome) -> float:
+    """Top-1 test accuracy in %."""
+    return 100.0 * o.test_accuracy
+
+
+def dense_line(ctx: Context) -> str:
+    """The dense model's accuracy as a sentence above a table ("" without dense runs)."""
+    dense = [o for _, o in ctx.of_group(DENSE) if o.ok]
+    if not dense:
+        return ""
+    mean, std = mean_std([accuracy(o) for o in dense])
+    value = f"{mean:.2f}" if len(dense) == 1 else f"{mean:.2f} ± {std:.2f}"
+    return f"Dense model ({dense[0].params:,} parameters): **{value}** % top-1.\n\n"
+
+
+def dense_baseline(ctx: Context) -> tuple[str, float, float] | None:
+    """The dense model's accuracy as a plot's horizontal line, or None."""
+    dense = [accuracy(o) for _, o in ctx.of_group(DENSE) if o.ok]
+    if not dense:
+        return None
+    mean, std = mean_std(dense)
+    return ("dense", mean, std)
+
+
+def accuracy_vs_sparsity_plot(
+    ctx: Context, grid: Grid, title: str, suffix: str = "accuracy"
+) -> Path:
+    """One line per row of ``grid`` over the sparsity columns, the dense model as a baseline."""
+    return plot_curves(
+        grid.curves_by_row(),
+        ctx.figure(suffix),
+        xlabel="sparsity",
+        ylabel="top-1 accuracy (%)",
+        title=title,
+        baseline=dense_baseline(ctx),
+        categorical_x=True,
+        xticklabels=[pct(c) for c in grid.cols],
+    )
+
+
+def panels_over_theta(
+    ctx: Context, grids: Mapping[str, Grid], thetas: Sequence[float]
+) -> list[tuple[str, list[Curve]]]:
+    """Per sparsity (one panel), accuracy against θ, one curve per grid."""
+    cols = sorted({c for g in grids.values() for c in g.cols})
+    panels = []
+    for c in cols:
+        curves = []
+        for label, grid in grids.items():
+            xs, means, stds = [], [], []
+            for t in thetas:
+                mean, std = grid.stat(theta_label(t), c)
+                if math.isfinite(mean):
+                    xs.append(t)
+                    means.append(mean)
+                    stds.append(std)
+            if xs:
+                curves.append(Curve(label, tuple(xs), tuple(means), tuple(stds)))
+        panels.append((f"sparsity {pct(c)}", curves))
+    return panels

@@ -1,0 +1,46 @@
+"""``bench operator`` (the paper's Fig. 2): hard, soft and Feather operators with the plain STE."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from feather_sparse.bench.experiments.base import (
+    PAPER_SPARSITIES,
+    Experiment,
+    accuracy,
+    accuracy_vs_sparsity_plot,
+    cells,
+)
+from feather_sparse.bench.options import BenchOptions
+from feather_sparse.bench.pages import Context, Grid, img, pct
+from feather_sparse.bench.runner import RunSpec
+
+__all__ = ["EXPERIMENT", "OPERATOR_ROWS"]
+
+#: ``operator``'s rows: thresholding operators with the plain STE (θ = 1, Fig. 2).
+OPERATOR_ROWS: dict[str, dict[str, Any]] = {
+    "hard": {"method": "feather", "operator": "hard", "theta": 1.0},
+    "soft": {"method": "feather", "operator": "soft", "theta": 1.0},
+    "Feather (p = 3)": {"method": "feather", "operator": "feather", "theta": 1.0},
+}
+
+
+def plan(opts: BenchOptions) -> list[RunSpec]:
+    return cells(opts, OPERATOR_ROWS, opts.sparsity_grid(PAPER_SPARSITIES))
+
+
+def summarize(ctx: Context) -> tuple[str, list[Path]]:
+    acc = Grid(ctx.pairs, accuracy, list(OPERATOR_ROWS))
+    fig = accuracy_vs_sparsity_plot(ctx, acc, "Thresholding operator, plain STE (θ = 1)")
+    body = (
+        "Thresholding operator ablation, no gradient scaling (θ = 1 for all), global "
+        "backbone. Top-1 accuracy (%), mean ± std over seeds; best per column in bold.\n\n"
+        + acc.table("operator", pct)
+        + "\n\n"
+        + img(fig, "accuracy vs sparsity per operator")
+    )
+    return body, [fig]
+
+
+EXPERIMENT = Experiment("operator", "Thresholding operator", "Fig. 2", plan, summarize)

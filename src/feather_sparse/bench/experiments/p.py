@@ -1,0 +1,62 @@
+"""``bench p`` (the paper's appendix and Fig. 1b): the power p of the thresholding family."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from feather_sparse.bench.experiments.base import (
+    PAPER_SPARSITIES,
+    Experiment,
+    accuracy,
+    accuracy_vs_sparsity_plot,
+    cells,
+)
+from feather_sparse.bench.options import BenchOptions
+from feather_sparse.bench.pages import Context, Grid, img, pct
+from feather_sparse.bench.runner import RunSpec
+from feather_sparse.plots import plot_operator_family
+
+__all__ = ["EXPERIMENT", "PAPER_PS"]
+
+#: p values of the appendix study (1 = soft, inf = hard).
+PAPER_PS = (1.0, 2.0, 3.0, 4.0, math.inf)
+
+
+def _ps(opts: BenchOptions) -> tuple[float, ...]:
+    return tuple(opts.ps) if opts.ps else PAPER_PS
+
+
+def _p_label(p: float) -> str:
+    names = {1.0: " (soft)", 3.0: " (Feather)", math.inf: " (hard)"}
+    return f"p = {'∞' if math.isinf(p) else f'{p:g}'}{names.get(float(p), '')}"
+
+
+def plan(opts: BenchOptions) -> list[RunSpec]:
+    # p = 3 is the feather operator's own power: leaving it unset makes that
+    # row the very config of compare's Feather-Global, trained once for both.
+    rows = {
+        _p_label(p): {"method": "feather", "operator": "feather", **({} if p == 3.0 else {"p": p})}
+        for p in _ps(opts)
+    }
+    return cells(opts, rows, opts.sparsity_grid(PAPER_SPARSITIES))
+
+
+def summarize(ctx: Context) -> tuple[str, list[Path]]:
+    acc = Grid(ctx.pairs, accuracy, [_p_label(p) for p in _ps(ctx.opts)])
+    fig = accuracy_vs_sparsity_plot(ctx, acc, "The operator's power p")
+    family = plot_operator_family(_ps(ctx.opts), ctx.figure("operators"))
+    body = (
+        "The power p of the thresholding family (p = 1 soft, p = ∞ hard), θ automatic "
+        "(the paper's rule), global backbone. Top-1 accuracy (%), mean ± std over seeds; "
+        "best per column in bold.\n\n"
+        + acc.table("p", pct)
+        + "\n\n"
+        + img(fig, "accuracy vs sparsity per p")
+        + "\nThe operators (paper Fig. 1b), T = 1:\n\n"
+        + img(family, "the thresholding family")
+    )
+    return body, [fig, family]
+
+
+EXPERIMENT = Experiment("p", "The operator's power p", "appendix, Fig. 1b", plan, summarize)

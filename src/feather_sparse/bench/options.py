@@ -1,0 +1,147 @@
+"""How a sweep runs: :class:`BenchOptions` and the settings every bench run shares."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from feather_sparse.recipes import TrainConfig, load_config
+
+__all__ = [
+    "BENCH_OVERRIDES",
+    "DEFAULT_BENCH_RECIPE",
+    "DEFAULT_SEEDS",
+    "QUICK_OVERRIDES",
+    "QUICK_SPARSITIES",
+    "BenchOptions",
+    "usable_cpus",
+]
+
+DEFAULT_SEEDS = (0, 1, 2)
+
+#: ``--quick``: the smallest run that still exercises every code path.
+QUICK_OVERRIDES: Mapping[str, Any] = {"epochs": 2}
+QUICK_SPARSITIES = (0.95,)
+#: Config fields every bench run sets: no TensorBoard files, and the test set
+#: only for the final model (no table reads the per-epoch test accuracy, which
+#: cost 7 % of a run of the bundled recipe; the weights are the same either way).
+BENCH_OVERRIDES: Mapping[str, Any] = {"tensorboard": False, "eval_every": 0}
+
+#: Recipe used when a data set with no recipe of its name is asked for.
+DEFAULT_BENCH_RECIPE = "mnist1d"
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """How to run an experiment.
+
+    Attributes:
+        recipe: the training recipe every run starts from (bundled name or TOML path).
+        overrides: config fields set for every run (``model``, ``dataset``,
+            ``epochs``, ``device``, ...). Fields an experiment varies (its
+            method, sparsity, θ, ...) may not be overridden.
+        seeds: training seeds; each cell is run once per seed.
+        sparsities: the sparsity columns; ``None`` for the experiment's default.
+        thetas: θ values of ``theta``/``theta-operator``/``stability``; ``None`` for default.
+        ps: p values of ``p``; ``None`` for the default.
+        methods: labels of ``compare``'s methods to run; ``None`` for all.
+        quick: a CI-sized smoke run (2 epochs, one seed, one sparsity).
+        jobs: parallel training processes; 0 = automatic (see :meth:`worker_count`).
+        threads: torch CPU threads per run (the config field ``threads``);
+            ``None`` keeps the recipe's.
+        out: folder of the tables, plots and raw results.
+        runs_dir: folder of the per-run outputs; default ``out/runs``.
+        force: re-run runs that already have a result.
+        command: the command line to print under the tables (default: rebuilt
+            from these options).
+    """
+
+    recipe: str = DEFAULT_BENCH_RECIPE
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    sparsities: tuple[float, ...] | None = None
+    thetas: tuple[float, ...] | None = None
+    ps: tuple[float, ...] | None = None
+    methods: tuple[str, ...] | None = None
+    quick: bool = False
+    jobs: int = 0
+    threads: int | None = None
+    out: Path = Path("results")
+    runs_dir: Path | None = None
+    force: bool = False
+    command: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.seeds:
+            raise ValueError("seeds: give at least one seed")
+        if any(s < 0 for s in self.seeds):
+            raise ValueError(f"seeds must be >= 0, got {self.seeds}")
+        for s in self.sparsities or ():
+            if not 0.0 < s < 1.0:
+                raise ValueError(f"sparsities must be in (0, 1), got {s}")
+        for t in self.thetas or ():
+            if not 0.0 <= t <= 1.0:
+                raise ValueError(f"thetas must be in [0, 1], got {t}")
+        for p in self.ps or ():
+            if not p >= 1.0:
+                raise ValueError(f"ps must be >= 1 (1 = soft, inf = hard), got {p}")
+        if self.jobs < 0:
+            raise ValueError(f"jobs must be >= 0 (0 = automatic), got {self.jobs}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+    @property
+    def run_seeds(self) -> tuple[int, ...]:
+        """The seeds actually run (the first one only with ``quick``)."""
+        return self.seeds[:1] if self.quick else self.seeds
+
+    def sparsity_grid(self, default: Sequence[float]) -> tuple[float, ...]:
+        """The sparsity columns: the given ones, else ``QUICK_SPARSITIES`` or ``default``."""
+        if self.sparsities:
+            return tuple(self.sparsities)
+        return QUICK_SPARSITIES if self.quick else tuple(default)
+
+    @property
+    def runs_path(self) -> Path:
+        return self.runs_dir if self.runs_dir is not None else self.out / "runs"
+
+    def base_config(self) -> TrainConfig:
+        """The ``TrainConfig`` every run starts from (recipe, bench settings, overrides)."""
+        return load_config(self.recipe, self.base_overrides())
+
+    def base_overrides(self) -> dict[str, Any]:
+        """Config fields set for every run: bench settings < ``--quick`` < the user's."""
+        values: dict[str, Any] = dict(BENCH_OVERRIDES)
+        if self.quick:
+            values.update(QUICK_OVERRIDES)
+        if self.threads is not None:
+            values["threads"] = self.threads
+        values.update(self.overrides)
+        return values
+
+    def worker_count(self) -> int:
+        """Parallel processes: ``jobs`` if given; else one per run on a GPU, one
+        when runs use all cores (``threads`` unset), and otherwise the usable
+        cores divided by each run's threads."""
+        if self.jobs:
+            return self.jobs
+        base = self.base_config()
+        device = str(base.device)
+        if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+            return 1
+        if base.threads is None:
+            return 1
+        return max(1, usable_cpus() // int(base.threads))
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

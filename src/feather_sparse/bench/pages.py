@@ -1,0 +1,267 @@
+"""The results pages: Markdown tables of mean ± std, the facts under every table, the files.
+
+A page is ``OUT/<experiment>.md`` (title, the experiment's body, then the
+command, library, machine and run facts) beside ``OUT/<experiment>.json``
+(one row per run of the page) and the experiment's PNG plots.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from feather_sparse._version import __version__
+from feather_sparse.analysis import Curve, mean_std
+from feather_sparse.bench.options import (
+    DEFAULT_BENCH_RECIPE,
+    DEFAULT_SEEDS,
+    BenchOptions,
+    usable_cpus,
+)
+from feather_sparse.bench.runner import RunOutcome, RunSpec, jsonable
+
+__all__ = ["Context", "Grid", "img", "machine_description", "pct", "write_page"]
+
+
+def machine_description(workers: int | None = None, threads: int | str | None = None) -> str:
+    """One line naming the hardware (and Python); the library versions are listed apart."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    parts = [
+        f"Python {platform.python_version()}",
+        f"{platform.system()} {platform.machine()}",
+        f"{cpu}, {usable_cpus()} usable cores",
+    ]
+    if torch.cuda.is_available():
+        parts.append(f"GPU {torch.cuda.get_device_name(0)}")
+    else:
+        parts.append("no GPU")
+    if workers is not None:
+        parts.append(f"{workers} parallel run(s) × {threads or 1} torch thread(s)")
+    return ", ".join(parts)
+
+
+# ====================================================================== tables
+class Grid:
+    """Values of a metric per ``(row, column)``, over seeds; failed runs counted apart."""
+
+    def __init__(
+        self,
+        pairs: Sequence[tuple[RunSpec, RunOutcome]],
+        metric: Callable[[RunOutcome], float],
+        rows: Sequence[str] | None = None,
+    ) -> None:
+        self.values: dict[tuple[str, float], list[float]] = {}
+        self.failed: dict[tuple[str, float], int] = {}
+        self.rows: list[str] = list(rows) if rows is not None else []
+        self.cols: list[float] = []
+        for spec, outcome in pairs:
+            cell = (spec.group, spec.x)
+            if rows is None and spec.group not in self.rows:
+                self.rows.append(spec.group)
+            if spec.group not in self.rows:
+                continue
+            if spec.x not in self.cols:
+                self.cols.append(spec.x)
+            self.values.setdefault(cell, [])
+            if outcome.ok and math.isfinite(metric(outcome)):
+                self.values[cell].append(metric(outcome))
+            else:
+                self.failed[cell] = self.failed.get(cell, 0) + 1
+        self.cols.sort()
+
+    def stat(self, row: str, col: float) -> tuple[float, float]:
+        return mean_std(self.values.get((row, col), []))
+
+    def table(
+        self,
+        row_title: str,
+        col_label: Callable[[float], str],
+        fmt: str = "{:.2f}",
+        best: str | None = "max",
+    ) -> str:
+        """A Markdown table of mean ± std; the best mean per column in bold."""
+        lines = [
+            f"| {row_title} | " + " | ".join(col_label(c) for c in self.cols) + " |",
+            "|---|" + "---:|" * len(self.cols),
+        ]
+        bests: dict[float, float] = {}
+        if best is not None:
+            for c in self.cols:
+                means = [self.stat(r, c)[0] for r in self.rows]
+                finite = [m for m in means if math.isfinite(m)]
+                if finite:
+                    bests[c] = max(finite) if best == "max" else min(finite)
+        for r in self.rows:
+            cells = []
+            for c in self.cols:
+                if (r, c) not in self.values:
+                    cells.append("")
+                    continue
+                mean, std = self.stat(r, c)
+                if math.isnan(mean):
+                    text = "—"
+                elif len(self.values[(r, c)]) == 1:  # one seed: no spread to show
+                    text = fmt.format(mean)
+                else:
+                    text = f"{fmt.format(mean)} ± {fmt.format(std)}"
+                if c in bests and math.isfinite(mean) and fmt.format(mean) == fmt.format(bests[c]):
+                    text = f"**{text}**"
+                failed = self.failed.get((r, c), 0)
+                if failed:
+                    total = failed + len(self.values[(r, c)])
+                    text += f" ({failed}/{total} failed)"
+                cells.append(text)
+            lines.append(f"| {r} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def curves_by_row(self) -> list[Curve]:
+        """One curve per row, x = the columns (cells without values left out)."""
+        out = []
+        for r in self.rows:
+            xs, means, stds = [], [], []
+            for c in self.cols:
+                mean, std = self.stat(r, c)
+                if math.isfinite(mean):
+                    xs.append(c)
+                    means.append(mean)
+                    stds.append(std)
+            if xs:
+                out.append(Curve(r, tuple(xs), tuple(means), tuple(stds)))
+        return out
+
+
+def pct(x: float) -> str:
+    """A fraction as a column label: ``0.95`` -> ``"95 %"``."""
+    return f"{100 * x:g} %"
+
+
+def img(path: Path, alt: str) -> str:
+    """A Markdown image line for a figure written beside the page."""
+    return f"![{alt}]({path.name})\n"
+
+
+# ======================================================================= pages
+@dataclass(frozen=True)
+class Context:
+    """What a summary needs: the options, the runs and their outcomes, where to write."""
+
+    name: str
+    opts: BenchOptions
+    pairs: list[tuple[RunSpec, RunOutcome]]
+    executed: int
+    elapsed: float
+    workers: int
+    pool: tuple[int, float] | None = None
+
+    @property
+    def out(self) -> Path:
+        return self.opts.out
+
+    def figure(self, suffix: str) -> Path:
+        return self.out / f"{self.name}-{suffix}.png"
+
+    def of_group(self, group: str) -> list[tuple[RunSpec, RunOutcome]]:
+        return [(s, o) for s, o in self.pairs if s.group == group]
+
+
+def _footer(ctx: Context) -> str:
+    """Command, version, machine and run facts under every table."""
+    ok = [o for _, o in ctx.pairs if o.ok]
+    cfg = ok[0].config if ok else (ctx.pairs[0][1].config if ctx.pairs else {})
+    unique = {o.key: o for _, o in ctx.pairs}
+    failed = [o for o in unique.values() if not o.ok]
+    run_time = sum(o.wall_time for o in unique.values())
+    command = ctx.opts.command or _rebuild_command(ctx.name, ctx.opts)
+    lines = [
+        "",
+        f"- command: `{command}`",
+        f"- library: feather-sparse {__version__}, torch {torch.__version__}",
+        f"- machine: {machine_description(ctx.workers, cfg.get('threads') or 'default')}",
+        f"- data and model: {cfg.get('dataset')}, {cfg.get('model')}; recipe "
+        f"{cfg.get('recipe')}: {cfg.get('epochs')} epochs, batch {cfg.get('batch_size')}, "
+        f"{cfg.get('optimizer')} lr {cfg.get('lr')}, weight decay {cfg.get('weight_decay')}, "
+        f"gradient clipping {cfg.get('grad_clip') or 'none'}; "
+        f"seeds {', '.join(map(str, ctx.opts.run_seeds))}",
+        f"- runs: {len(unique)} ({ctx.executed} trained by this command, the others reused "
+        f"from earlier results); summed run time {run_time / 60:.1f} min; this command's "
+        f"wall time {ctx.elapsed / 60:.1f} min",
+    ]
+    if ctx.pool is not None:
+        trained, seconds = ctx.pool
+        lines[-1] = (
+            f"- runs: {len(unique)}, trained together with the other experiments' runs in one "
+            f"pool (`bench all`: {trained} runs trained in {seconds / 60:.1f} min of wall time); "
+            f"summed run time of this page's runs {run_time / 60:.1f} min"
+        )
+    if failed:
+        lines.append(
+            f"- **{len(failed)} run(s) failed**: "
+            + "; ".join(f"{o.key}: {o.error}" for o in failed[:5])
+        )
+    if ctx.opts.quick:
+        lines.append("- **--quick smoke run**: too short to mean anything; only checks the code")
+    return "\n".join(lines) + "\n"
+
+
+def _rebuild_command(name: str, opts: BenchOptions) -> str:
+    args = ["feather-sparse", "bench", name]
+    if opts.quick:
+        args.append("--quick")
+    if opts.recipe != DEFAULT_BENCH_RECIPE:
+        args += ["--recipe", opts.recipe]
+    for key, value in opts.overrides.items():
+        args += ["--set", f"{key}={value}"]
+    if opts.seeds != DEFAULT_SEEDS:
+        args += ["--seeds", ",".join(map(str, opts.seeds))]
+    for flag, values in (
+        ("--sparsities", opts.sparsities),
+        ("--thetas", opts.thetas),
+        ("--ps", opts.ps),
+    ):
+        if values:
+            args += [flag, ",".join(f"{v:g}" for v in values)]
+    if opts.methods:
+        args += ["--methods", ",".join(opts.methods)]
+    if opts.out != Path("results"):
+        args += ["--out", str(opts.out)]
+    return shlex.join(args)
+
+
+def write_page(ctx: Context, title: str, body: str) -> Path:
+    """Write ``OUT/<name>.md`` (title, body, footer) and ``OUT/<name>.json``; return the page."""
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    page = ctx.out / f"{ctx.name}.md"
+    page.write_text(f"# {title}\n\n{body.rstrip()}\n{_footer(ctx)}")
+    raw = [
+        {
+            "group": s.group,
+            "x": jsonable(s.x),
+            "seed": s.seed,
+            "key": o.key,
+            "ok": o.ok,
+            "error": o.error,
+            "test_accuracy": jsonable(o.test_accuracy),
+            "sparsity": jsonable(o.sparsity),
+            "dense_macs": o.dense_macs,
+            "sparse_macs": o.sparse_macs,
+            "wall_time": round(o.wall_time, 2),
+            "epochs": o.epochs,
+        }
+        for s, o in ctx.pairs
+    ]
+    (ctx.out / f"{ctx.name}.json").write_text(json.dumps(raw, indent=1) + "\n")
+    return page

@@ -1,0 +1,331 @@
+"""The runs of a sweep: what a run is and leaves, where it is stored, the pool that trains it.
+
+Each run's outcome is kept as ``RUNS_DIR/<key>/result.json``, keyed by a hash
+of the run's whole config: an interrupted sweep continues where it stopped,
+and experiments that share a run train it once. Runs train in spawned worker
+processes (or in this one with one worker), each through
+:func:`feather_sparse.train.train`, the same code path as ``feather-sparse train``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import hashlib
+import json
+import logging
+import math
+import multiprocessing
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from feather_sparse import train as training
+from feather_sparse._version import __version__
+from feather_sparse.analysis import MaskStabilityRecorder, count_flops, layer_sparsity
+from feather_sparse.bench.feather_gmp import register_methods
+from feather_sparse.bench.options import BenchOptions
+from feather_sparse.data import DATASETS
+from feather_sparse.models import list_models
+from feather_sparse.recipes import TrainConfig, load_config
+
+__all__ = [
+    "OUTCOME_FORMAT",
+    "ProgressFn",
+    "RunOutcome",
+    "RunSpec",
+    "execute_runs",
+    "jsonable",
+    "run_key",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Result files of this format (bump when RunOutcome changes incompatibly).
+OUTCOME_FORMAT = "feather-sparse-bench-run/1"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of an experiment: a table cell for one seed.
+
+    Attributes:
+        group: the row / line it belongs to (``"Feather-Global"``, ``"θ=0.5"``).
+        x: its column (a sparsity, θ or p; 0 for the dense model).
+        seed: the training seed.
+        settings: the config fields the experiment sets for this cell.
+    """
+
+    group: str
+    x: float
+    seed: int
+    settings: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What one finished run left, as stored in ``RUNS_DIR/<key>/result.json``.
+
+    Attributes:
+        key: the run's folder name (readable prefix + config hash).
+        config: the run's full ``TrainConfig`` as a dict.
+        ok: False when training raised (``error`` says what).
+        error: the exception, or None.
+        test_accuracy: top-1 accuracy of the final (finalized) model, in [0, 1].
+        sparsity: achieved fraction of zeros among the pruned weights.
+        wall_time: seconds the run took.
+        epochs: epochs trained.
+        test_acc_history: the test accuracy after each tested epoch (none with
+            the bench's ``eval_every=0``; ``--set eval_every=1`` records every epoch).
+        model_spec: ``{"name", "kwargs"}`` rebuilding the architecture.
+        input_shape: one sample's shape.
+        params: parameters of the model.
+        dense_macs: MACs per sample of the dense model (the paper's "FLOPs").
+        sparse_macs: MACs per sample with the zero weights skipped.
+        layers: ``(name, params, nonzeros)`` of each pruned layer of the final model.
+        stability_epochs: epochs at which the mask was recorded.
+        stability_pearson: Pearson r of each recorded mask with the final one.
+        stability_changed: fraction of the mask that flipped since the previous record.
+        version: feather-sparse version.
+        torch_version: torch version.
+    """
+
+    key: str
+    config: Mapping[str, Any]
+    ok: bool
+    error: str | None = None
+    test_accuracy: float = math.nan
+    sparsity: float = math.nan
+    wall_time: float = 0.0
+    epochs: int = 0
+    test_acc_history: tuple[float, ...] = ()
+    model_spec: Mapping[str, Any] = field(default_factory=dict)
+    input_shape: tuple[int, ...] = ()
+    params: int = 0
+    dense_macs: int = 0
+    sparse_macs: int = 0
+    layers: tuple[tuple[str, int, int], ...] = ()
+    stability_epochs: tuple[int, ...] = ()
+    stability_pearson: tuple[float, ...] = ()
+    stability_changed: tuple[float, ...] = ()
+    version: str = __version__
+    torch_version: str = torch.__version__
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"format": OUTCOME_FORMAT}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            out[name] = jsonable(value)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunOutcome:
+        if data.get("format") != OUTCOME_FORMAT:
+            raise ValueError("not a bench run result of this version")
+        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for name in ("test_acc_history", "stability_pearson", "stability_changed"):
+            values[name] = tuple(_float(v) for v in values.get(name, ()))
+        values["stability_epochs"] = tuple(values.get("stability_epochs", ()))
+        values["input_shape"] = tuple(values.get("input_shape", ()))
+        values["layers"] = tuple(tuple(r) for r in values.get("layers", ()))
+        for name in ("test_accuracy", "sparsity"):
+            values[name] = _float(values.get(name))
+        return cls(**values)
+
+    @property
+    def density_macs(self) -> float:
+        return self.sparse_macs / self.dense_macs if self.dense_macs else math.nan
+
+
+def jsonable(value: Any) -> Any:
+    """JSON-safe: tuples to lists, non-finite floats to strings (strict JSON has none)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _float(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+# ==================================================================== storage
+def _config_dict(opts: BenchOptions, spec: RunSpec) -> dict[str, Any]:
+    """The run's resolved config: recipe < bench/quick settings < user overrides < cell."""
+    clash = sorted(set(opts.overrides) & set(spec.settings))
+    if clash:
+        raise ValueError(
+            f"{', '.join(clash)}: set by the experiment for each run (it is what it varies); "
+            "drop the override"
+        )
+    values = opts.base_overrides()
+    values.update(spec.settings)
+    values["seed"] = spec.seed
+    return load_config(opts.recipe, values).to_dict()
+
+
+def run_key(config: Mapping[str, Any]) -> str:
+    """The run's folder name: readable prefix plus a hash of its whole config."""
+    blob = json.dumps(jsonable(config), sort_keys=True).encode()
+    digest = hashlib.sha1(blob).hexdigest()[:10]
+    method = "dense" if config.get("dense") else str(config.get("method"))
+    sparsity = 0.0 if config.get("dense") else float(config.get("sparsity", 0.0))
+    return f"{method}-s{sparsity:g}-seed{config.get('seed')}-{digest}"
+
+
+def _load_outcome(run_dir: Path) -> RunOutcome | None:
+    file = run_dir / "result.json"
+    if not file.is_file():
+        return None
+    try:
+        return RunOutcome.from_json(json.loads(file.read_text()))
+    except (ValueError, TypeError, KeyError) as err:
+        logger.warning("ignoring unreadable %s (%s): the run is repeated", file, err)
+        return None
+
+
+# ===================================================================== one run
+def _execute(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
+    """Train one run and measure it; the body of every worker process.
+
+    Module-level so that a spawned process can import and call it. Returns
+    (and writes) the :class:`RunOutcome` as JSON; an exception during training
+    becomes an outcome with ``ok=False``.
+    """
+    register_methods()
+    path = Path(run_dir)
+    key = path.name
+    started = time.perf_counter()
+    # Each run logs into its own RUN_DIR/train.log (train() attaches that
+    # handler); keep the console for the sweep's one line per run.
+    package_logger = logging.getLogger("feather_sparse")
+    propagate = package_logger.propagate
+    package_logger.propagate = False
+    try:
+        if path.exists():  # an unfinished earlier attempt: train() refuses to overwrite it
+            shutil.rmtree(path)
+        cfg = TrainConfig.from_dict(config)
+        recorder = MaskStabilityRecorder(key)
+        result = training.train(cfg, path, callbacks=[recorder], progress=False)
+        info = json.loads((path / "config.json").read_text())
+        input_shape = tuple(info["data"]["input_shape"])
+        flops = count_flops(result.model.cpu(), input_shape)
+        stability = recorder.result()
+        dist = layer_sparsity(result.model)
+        outcome = RunOutcome(
+            key=key,
+            config=config,
+            ok=True,
+            test_accuracy=result.test_accuracy,
+            sparsity=result.sparsity,
+            wall_time=time.perf_counter() - started,
+            epochs=result.epochs,
+            test_acc_history=tuple(float(r["test_acc"]) for r in result.history if "test_acc" in r),
+            model_spec=info["model"],
+            input_shape=input_shape,
+            params=sum(p.numel() for p in result.model.parameters()),
+            dense_macs=flops.dense_macs,
+            sparse_macs=flops.sparse_macs,
+            layers=tuple((r.name, r.params, r.nonzeros) for r in dist.layers),
+            stability_epochs=stability.epochs,
+            stability_pearson=stability.pearson,
+            stability_changed=stability.changed,
+        )
+    except Exception as err:  # one bad run must not stop a sweep; it is reported
+        logger.exception("run %s failed", key)
+        outcome = RunOutcome(
+            key=key,
+            config=config,
+            ok=False,
+            error=f"{type(err).__name__}: {err}",
+            wall_time=time.perf_counter() - started,
+        )
+    finally:
+        package_logger.propagate = propagate
+    path.mkdir(parents=True, exist_ok=True)
+    data = outcome.to_json()
+    (path / "result.json").write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def _check_names(configs: Sequence[Mapping[str, Any]]) -> None:
+    """Fail before any training when a method, model or data set is unknown."""
+    register_methods()
+    methods = sorted({*training.SUPPORTED_METHODS, *training.PRUNER_BUILDERS.names()})
+    models = set(list_models())
+    for cfg in configs:
+        if not cfg["dense"] and cfg["method"] not in methods:
+            raise ValueError(
+                f"method {cfg['method']!r} is not a training method here; choose one of: "
+                f"{', '.join(methods)}"
+            )
+        if cfg["dataset"] not in DATASETS:
+            raise ValueError(
+                f"unknown dataset {cfg['dataset']!r}; choose one of: {', '.join(DATASETS.names())}"
+            )
+        if cfg["model"] not in models:
+            raise ValueError(
+                f"unknown model {cfg['model']!r}; choose one of: {', '.join(sorted(models))}"
+            )
+
+
+# ======================================================================= pool
+ProgressFn = Callable[[int, int, RunSpec, RunOutcome], None]
+
+
+def execute_runs(
+    opts: BenchOptions, specs: Sequence[RunSpec], on_progress: ProgressFn | None = None
+) -> tuple[list[tuple[RunSpec, RunOutcome]], int, float]:
+    """Run every spec that has no result yet; return ``(pairs, runs executed, seconds)``.
+
+    Runs execute in ``opts.worker_count()`` spawned processes (in this process
+    when that is 1). Identical configs are trained once.
+    """
+    configs = [_config_dict(opts, s) for s in specs]
+    _check_names(configs)
+    keys = [run_key(c) for c in configs]
+    root = opts.runs_path
+    outcomes: dict[str, RunOutcome] = {}
+    todo: dict[str, dict[str, Any]] = {}
+    for key, cfg in zip(keys, configs):
+        if key in outcomes or key in todo:
+            continue
+        found = None if opts.force else _load_outcome(root / key)
+        if found is not None and found.ok:
+            outcomes[key] = found
+        else:
+            todo[key] = cfg
+    spec_of = {k: s for k, s in zip(keys, specs)}
+    total, done = len(todo), 0
+    started = time.perf_counter()
+    workers = min(opts.worker_count(), max(1, total))
+    logger.info("%d runs to train (%d reused), %d process(es)", total, len(outcomes), workers)
+
+    def finished(data: dict[str, Any]) -> None:
+        nonlocal done
+        outcome = RunOutcome.from_json(data)
+        outcomes[outcome.key] = outcome
+        done += 1
+        if on_progress is not None:
+            on_progress(done, total, spec_of[outcome.key], outcome)
+
+    if total:
+        root.mkdir(parents=True, exist_ok=True)
+    if workers <= 1:
+        for key, cfg in todo.items():
+            finished(_execute(cfg, str(root / key)))
+    elif total:
+        context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
+        with futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            pending = [pool.submit(_execute, cfg, str(root / key)) for key, cfg in todo.items()]
+            for fut in futures.as_completed(pending):
+                finished(fut.result())
+    elapsed = time.perf_counter() - started
+    return [(s, outcomes[k]) for s, k in zip(specs, keys)], total, elapsed
