@@ -24,7 +24,16 @@ from feather_sparse.recipes import (
     load_config,
     parse_override,
 )
-from feather_sparse.train import distributed_context, init_distributed, resume_config, train
+from feather_sparse.train import (
+    TrainingInterrupted,
+    distributed_context,
+    init_distributed,
+    resume_config,
+    train,
+)
+
+#: The shell's code for a process ended by SIGINT (128 + 2).
+INTERRUPTED_EXIT_CODE = 130
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
@@ -137,7 +146,27 @@ class _ConsoleFormatter(logging.Formatter):
 
 
 def run(command: str, args: argparse.Namespace) -> int:
-    """Run ``feather-sparse train``; prints the per-layer table and the final numbers."""
+    """Run ``feather-sparse train``; prints the per-layer table and the final numbers.
+
+    Ctrl-C prints where the run stopped and how to continue it (exit code
+    130); an ``OSError`` (full disk, read-only folder) one line (exit code 1).
+    """
+    try:
+        return _run(command, args)
+    except TrainingInterrupted as err:
+        print(f"feather-sparse {command}: {err}", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    except KeyboardInterrupt:
+        print(f"feather-sparse {command}: interrupted before training began", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    except OSError as err:
+        if getattr(args, "verbose", 0) >= 2:
+            raise
+        print(f"feather-sparse {command}: error: {err}", file=sys.stderr)
+        return 1
+
+
+def _run(command: str, args: argparse.Namespace) -> int:
     overrides = _cli_overrides(args)
     resume_dir = args.resume
     if resume_dir is not None:

@@ -35,6 +35,7 @@ from feather_sparse.train.checkpoint import (
     RESUME_FREE_FIELDS,
     checkpoint_path,
     load_checkpoint,
+    load_latest_checkpoint,
     resume_config,
     save_checkpoint,
 )
@@ -45,7 +46,13 @@ from feather_sparse.train.dist import (
     init_distributed,
     resolve_device,
 )
-from feather_sparse.train.loop import EpochCallback, TrainResult, evaluate, train
+from feather_sparse.train.loop import (
+    EpochCallback,
+    TrainingInterrupted,
+    TrainResult,
+    evaluate,
+    train,
+)
 from feather_sparse.train.optim import build_lr_scheduler, build_optimizer, lr_factor
 from feather_sparse.train.progress import BAR_REFRESHES_PER_EPOCH as BAR_REFRESHES_PER_EPOCH
 from feather_sparse.train.progress import LOG_INTERVAL_S as LOG_INTERVAL_S
@@ -62,6 +69,7 @@ __all__ = [
     "DistContext",
     "EpochCallback",
     "TrainResult",
+    "TrainingInterrupted",
     "add_cli_arguments",
     "build_lr_scheduler",
     "build_optimizer",
@@ -72,6 +80,7 @@ __all__ = [
     "evaluate",
     "init_distributed",
     "load_checkpoint",
+    "load_latest_checkpoint",
     "lr_factor",
     "resolve_device",
     "resume_config",

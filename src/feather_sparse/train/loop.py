@@ -25,12 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
+from feather_sparse.integrity import DiskFullError
 from feather_sparse.pruner import PrunerReport
 from feather_sparse.recipes import TrainConfig
 from feather_sparse.train.checkpoint import (
     _check_resume,
     checkpoint_path,
-    load_checkpoint,
+    load_latest_checkpoint,
     save_checkpoint,
 )
 from feather_sparse.train.dist import (
@@ -52,7 +53,10 @@ from feather_sparse.train.progress import (
 from feather_sparse.train.pruner_build import _check_method
 from feather_sparse.train.run_dir import (
     _export_unavailable,
+    _finished_run,
     _jsonable,
+    _prepare,
+    _report_table,
     _run_logging,
     _save_model,
     _tensorboard,
@@ -141,6 +145,58 @@ class TrainResult:
 
 
 # ===================================================================== the loop
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training: where the run stopped, and the command that continues it.
+
+    A ``KeyboardInterrupt``, so code that catches that still does; the CLI
+    prints the message and exits with 130.
+
+    Attributes:
+        run_dir: the run folder.
+        epoch: epochs completed when interrupted.
+        step: optimizer steps completed.
+        saved_epoch: the epoch the newest checkpoint holds (None: none saved).
+    """
+
+    def __init__(
+        self, run_dir: Path, epoch: int, step: int, epochs: int, saved_epoch: int | None
+    ) -> None:
+        self.run_dir, self.epoch, self.step, self.saved_epoch = run_dir, epoch, step, saved_epoch
+        where = (
+            f"while finishing, after epoch {epoch}/{epochs}"
+            if epoch >= epochs
+            else f"in epoch {epoch + 1}/{epochs} at step {step}"
+        )
+        if saved_epoch is None:
+            then = "no epoch was finished, nothing was saved; start the run again"
+        else:
+            then = (
+                f"the last checkpoint holds epoch {saved_epoch}; continue with: "
+                f"feather-sparse train --resume {run_dir}"
+            )
+        super().__init__(f"interrupted {where}; {then}")
+
+
+def _save(s: _Session, row: dict[str, Any]) -> None:
+    """Checkpoint the session (the one before kept as ``prev.pt``); a full disk says so."""
+    path = checkpoint_path(s.run_dir)
+    try:
+        save_checkpoint(_checkpoint_state(s, row), path, keep_previous=True)
+    except DiskFullError as err:
+        if s.saved_epoch is None:
+            kept = "no checkpoint was written yet; free some space and start the run again"
+        else:
+            kept = (
+                f"the previous checkpoint (epoch {s.saved_epoch}) is intact; free some space, "
+                f"then continue with: feather-sparse train --resume {s.run_dir}"
+            )
+        raise DiskFullError(
+            f"the disk is full: the checkpoint of epoch {s.epoch} could not be written to "
+            f"{path}; {kept}"
+        ) from err
+    s.saved_epoch = s.epoch
+
+
 def _train_epoch(s: _Session, progress: bool) -> tuple[float, float]:
     """One pass over the training data; returns its mean loss and accuracy."""
     config, pruner = s.config, s.pruner
@@ -341,7 +397,7 @@ def _train(
             s.history.append(row)
             _log_epoch(row, config.epochs)
             if ctx.is_main:
-                save_checkpoint(_checkpoint_state(s, row), checkpoint_path(run_dir))
+                _save(s, row)
                 with s.metrics_file.open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 if writer is not None:
@@ -372,6 +428,10 @@ def _train(
                 history=s.history,
             )
         return _finish(s, writer, started)
+    except KeyboardInterrupt as err:
+        if isinstance(err, TrainingInterrupted):
+            raise
+        raise TrainingInterrupted(run_dir, s.epoch, s.step, config.epochs, s.saved_epoch) from None
     finally:
         if writer is not None:
             writer.close()
@@ -402,11 +462,22 @@ def train(
     Returns:
         The trained model and its numbers; see :class:`TrainResult`.
 
+    Resuming a run that has finished, with its saved model intact, writes
+    nothing and returns that model and the run's final numbers. A damaged
+    ``last.pt`` is set aside (``last.pt.damaged``) and the run resumes from
+    ``prev.pt``, with a warning.
+
     Raises:
         ValueError: for an unknown model/data set/method, a resume that
             contradicts the checkpoint, a fresh run into a folder that already
-            holds one, or a bad device.
+            holds one, a run folder that is a file, or a bad device.
+        IntegrityError: (a ``ValueError``) when no intact checkpoint is left.
         FileNotFoundError: for missing data or a missing checkpoint.
+        NotWritableError: (an ``OSError``) when the run folder cannot be written.
+        DiskFullError: (an ``OSError``) when the disk fills up while saving a
+            checkpoint; the previous one is intact.
+        TrainingInterrupted: (a ``KeyboardInterrupt``) on Ctrl-C, saying
+            where the run stopped and how to continue it.
     """
     from feather_sparse.data import DATASETS, load_dataset
     from feather_sparse.models import create_model, model_info
@@ -444,10 +515,18 @@ def train(
             torch.distributed.broadcast_object_list(names, src=0)
             run_dir = names[0]
     run_path = Path(run_dir)
+    if run_path.exists() and not run_path.is_dir():
+        raise ValueError(
+            f"run folder {run_path} is an existing file, not a folder; "
+            "choose another --run-dir (a new or an existing folder)"
+        )
     ckpt_file = checkpoint_path(run_path)
     checkpoint: dict[str, Any] | None = None
     if resume:
-        checkpoint = load_checkpoint(ckpt_file)
+        finished = _finished_run(run_path)
+        if finished is not None:
+            return _finished_result(config, run_path, finished, started)
+        checkpoint = load_latest_checkpoint(run_path, set_aside_damaged=ctx.is_main)
         _check_resume(config, TrainConfig.from_dict(checkpoint["config"]))
     elif ckpt_file.exists():
         raise ValueError(
@@ -456,7 +535,7 @@ def train(
         )
     created = not run_path.exists()
     if ctx.is_main:
-        run_path.mkdir(parents=True, exist_ok=True)
+        _prepare(run_path)
 
     threads = torch.get_num_threads()
     if config.threads is not None:
@@ -486,3 +565,37 @@ def train(
         raise
     finally:
         torch.set_num_threads(threads)
+
+
+def _finished_result(
+    config: TrainConfig,
+    run_dir: Path,
+    finished: tuple[nn.Module, Path, dict[str, Any], list[dict[str, Any]]],
+    started: float,
+) -> TrainResult:
+    """The result of a run that had already finished, read back; nothing is written."""
+    model, model_path, final, history = finished
+    logger.info(
+        "%s already finished (epoch %d/%d); its model %s is intact and kept as it is",
+        run_dir,
+        int(final.get("epoch", config.epochs)),
+        config.epochs,
+        model_path,
+    )
+    return TrainResult(
+        run_dir=run_dir,
+        config=config,
+        model=model,
+        completed=True,
+        epochs=int(final.get("epoch", config.epochs)),
+        steps=int(final.get("step", 0)),
+        test_accuracy=float(final["test_acc"]),
+        test_loss=float(final["test_loss"]),
+        sparsity=float(final["sparsity"]),
+        target_sparsity=float(final["target_sparsity"]),
+        report=None,
+        table=_report_table(run_dir),
+        model_path=model_path,
+        wall_time=time.perf_counter() - started,
+        history=history,
+    )

@@ -55,6 +55,7 @@ class _Session:
     steps_per_epoch: int
     epoch: int = 0  # epochs completed
     step: int = 0  # optimizer steps completed
+    saved_epoch: int | None = None  # the epoch the newest checkpoint holds
     history: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -157,7 +158,10 @@ def _restore(session: _Session, checkpoint: dict[str, Any]) -> None:
         )
     _set_rng_state(checkpoint["rng"])
     if session.ctx.is_main:
-        session.history = _trim_metrics(session.metrics_file, session.epoch)
+        session.history = _trim_metrics(
+            session.metrics_file, session.epoch, checkpoint.get("metrics")
+        )
+    session.saved_epoch = session.epoch
     logger.info(
         "resuming %s after epoch %d (step %d)", session.run_dir, session.epoch, session.step
     )
