@@ -1,17 +1,226 @@
-"""The ``train`` command family of the CLI: arguments in, library call out."""
+"""The ``train`` command: arguments in, :func:`feather_sparse.train.train` out, results printed.
+
+``feather-sparse train`` takes a recipe, then any recipe field overridden by a
+flag of its name; the library's log lines (one per epoch) go to stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
-from feather_sparse import train as _impl
+import torch
+
+from feather_sparse.recipes import (
+    DEFAULT_RECIPE,
+    config_fields,
+    list_recipes,
+    load_config,
+    parse_override,
+)
+from feather_sparse.train import (
+    TrainingInterrupted,
+    distributed_context,
+    init_distributed,
+    resume_config,
+    train,
+)
+
+#: The shell's code for a process ended by SIGINT (128 + 2).
+INTERRUPTED_EXIT_CODE = 130
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
-    """Add the ``train`` command's arguments to *parser*."""
-    _impl.add_cli_arguments(command, parser)
+    """``feather-sparse train``: a recipe, then any field overridden by a flag of its name."""
+    parser.description = (
+        "Train a model with Feather sparsity (the paper's method) or dense. With no arguments: "
+        f"the {DEFAULT_RECIPE!r} recipe. Every recipe field has a flag (--epochs 5, "
+        "--sparsity 0.98, ...) and can also be set with --set field=value."
+    )
+    run_group = parser.add_argument_group("run")
+    run_group.add_argument(
+        "--recipe",
+        default=None,
+        help=f"bundled recipe ({', '.join(list_recipes())}) or a .toml path [{DEFAULT_RECIPE}]",
+    )
+    run_group.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override any recipe field (repeatable), e.g. --set exclude=fc,conv1",
+    )
+    run_group.add_argument(
+        "--run-dir", default=None, help="run folder [runs/<recipe>-<method>-s<S>-<time>]"
+    )
+    run_group.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue this run")
+    run_group.add_argument(
+        "--stop-after-epoch",
+        type=int,
+        default=None,
+        metavar="K",
+        help="stop (checkpointed, resumable) once K epochs are done",
+    )
+    run_group.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar per epoch [on when stderr is a terminal]",
+    )
+    run_group.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and exit"
+    )
+    fields = parser.add_argument_group(
+        "recipe fields", "each overrides the recipe's value (see --print-config)"
+    )
+    for f in config_fields():
+        if f.name == "recipe":
+            continue  # chosen with --recipe
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        if f.type in ("bool", bool):
+            fields.add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
+        else:
+            fields.add_argument(
+                flag,
+                dest=f.name,
+                default=None,
+                metavar=f.name.split("_")[-1].upper(),
+                help=help_text,
+            )
+
+
+def _cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for text in args.set:
+        key, value = parse_override(text)
+        overrides[key] = value
+    for f in config_fields():
+        flag_value = getattr(args, f.name, None)
+        if f.name != "recipe" and flag_value is not None:
+            overrides[f.name] = flag_value
+    return overrides
+
+
+@contextlib.contextmanager
+def _console_logging(verbose: int, quiet: bool = False) -> Iterator[None]:
+    """Show the package's INFO lines (epoch summaries) on stderr, without prefixes.
+
+    ``quiet`` (the non-zero ranks of a distributed run) shows warnings and errors only.
+    """
+    pkg = logging.getLogger("feather_sparse")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_ConsoleFormatter())
+    if quiet:
+        handler.setLevel(logging.WARNING)
+    old = (pkg.level, pkg.propagate)
+    pkg.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
+    pkg.propagate = False
+    pkg.addHandler(handler)
+    try:
+        yield
+    finally:
+        pkg.removeHandler(handler)
+        pkg.setLevel(old[0])
+        pkg.propagate = old[1]
+
+
+class _ConsoleFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            return f"{record.levelname.lower()}: {message}"
+        return message
 
 
 def run(command: str, args: argparse.Namespace) -> int:
-    """Run the command; returns the process exit code."""
-    return _impl.run_cli(command, args)
+    """Run ``feather-sparse train``; prints the per-layer table and the final numbers.
+
+    Ctrl-C prints where the run stopped and how to continue it (exit code
+    130); an ``OSError`` (full disk, read-only folder) one line (exit code 1).
+    """
+    try:
+        return _run(command, args)
+    except TrainingInterrupted as err:
+        print(f"feather-sparse {command}: {err}", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    except KeyboardInterrupt:
+        print(f"feather-sparse {command}: interrupted before training began", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    except OSError as err:
+        if getattr(args, "verbose", 0) >= 2:
+            raise
+        print(f"feather-sparse {command}: error: {err}", file=sys.stderr)
+        return 1
+
+
+def _run(command: str, args: argparse.Namespace) -> int:
+    overrides = _cli_overrides(args)
+    resume_dir = args.resume
+    if resume_dir is not None:
+        if args.run_dir is not None and Path(args.run_dir) != Path(resume_dir):
+            raise ValueError("--resume RUN_DIR already names the run folder; drop --run-dir")
+        if args.recipe is not None:
+            config = load_config(args.recipe, overrides)
+        else:
+            config = resume_config(resume_dir, overrides)
+        run_dir: str | None = resume_dir
+    else:
+        config = load_config(args.recipe or DEFAULT_RECIPE, overrides)
+        run_dir = args.run_dir
+    if args.print_config:
+        for key, value in config.to_dict().items():
+            print(f"{key} = {json.dumps(value)}")
+        return 0
+
+    initialised = init_distributed(config.device)  # under torchrun: join the group
+    try:
+        main = distributed_context().is_main
+        with _console_logging(getattr(args, "verbose", 0), quiet=not main):
+            result = train(
+                config,
+                run_dir,
+                resume=resume_dir is not None,
+                stop_after_epoch=args.stop_after_epoch,
+                progress=args.progress,
+            )
+        if initialised:
+            # Leave together: a rank that tears gloo down while another still
+            # finishes its last collective aborts the process (seen under load).
+            # Not in `finally`: after a failure on one rank the others must not wait.
+            torch.distributed.barrier()
+    finally:
+        if initialised:
+            torch.distributed.destroy_process_group()
+    if not main:  # rank 0 prints the results
+        return 0
+    if not result.completed:
+        print(
+            f"stopped after epoch {result.epochs}/{config.epochs}: test accuracy "
+            f"{result.test_accuracy:.2%}; continue with: "
+            f"feather-sparse train --resume {result.run_dir}"
+        )
+        return 0
+    print()
+    print(result.table)
+    print()
+    target = "dense" if config.dense else f"target {config.sparsity:.2%}"
+    print(f"final test accuracy: {result.test_accuracy:.2%}")
+    print(f"achieved sparsity:   {result.sparsity:.2%} ({target})")
+    print(f"run folder:          {result.run_dir}")
+    if result.model_path is not None:
+        print(f"model:               {result.model_path}")
+    print(f"wall time:           {result.wall_time:.1f} s")
+    return 0

@@ -1,14 +1,16 @@
-"""Where generated data sets are cached, and writing cache files atomically."""
+"""Where generated data sets are cached, and cache files written atomically and checked on read."""
 
 from __future__ import annotations
 
+import io
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CACHE_ENV", "cache_dir", "save_npz_atomic"]
+from feather_sparse.integrity import IntegrityError, check_zip_seal, seal_zip, write_atomic
+
+__all__ = ["CACHE_ENV", "cache_dir", "load_npz_checked", "save_npz_atomic"]
 
 CACHE_ENV = "FEATHER_SPARSE_CACHE"
 
@@ -28,20 +30,32 @@ def cache_dir() -> Path:
 
 
 def save_npz_atomic(path: Path, **arrays: np.ndarray) -> None:
-    """Write ``arrays`` to ``path`` as ``.npz`` so that readers never see half a file.
+    """Write ``arrays`` to ``path`` as ``.npz``, sealed, so that readers never see half a file.
 
-    The file is written under a temporary name in the same folder and renamed
-    into place (``os.replace`` is atomic on one file system), so two processes
-    that generate the same cache at once both leave a whole file.
+    The archive carries its SHA-256 (:func:`feather_sparse.integrity.seal_zip`;
+    ``numpy.load`` still reads it) and is written under a temporary name in the
+    same folder, then renamed into place, so two processes that generate the
+    same cache at once both leave a whole file.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    write_atomic(path, seal_zip(buffer.getvalue()))
+
+
+def load_npz_checked(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a cache file written by :func:`save_npz_atomic`, checksum verified.
+
+    A file from before checksums (no seal) is read as it is.
+
+    Raises:
+        FileNotFoundError: when there is no file.
+        IntegrityError: (a ``ValueError``) when the file is damaged or truncated,
+            or is not a readable ``.npz``.
+    """
+    data = path.read_bytes()
+    check_zip_seal(data, f"cache {path}")
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type]
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+        with np.load(io.BytesIO(data), allow_pickle=False) as f:
+            return {key: f[key] for key in f.files}
+    except Exception as err:  # zipfile.BadZipFile, a bad CRC, a damaged .npy header, ...
+        raise IntegrityError(f"cache {path} is unreadable ({type(err).__name__}: {err})") from err

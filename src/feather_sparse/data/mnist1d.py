@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from feather_sparse.data.base import DATASETS, DataBundle, LoaderConfig, tensor_bundle
-from feather_sparse.data.cache import cache_dir, save_npz_atomic
+from feather_sparse.data.cache import cache_dir, load_npz_checked, save_npz_atomic
 
 __all__ = ["MNIST1D_FILE", "load_mnist1d_arrays"]
 
@@ -63,8 +63,8 @@ def _read_cache(path: Path) -> dict[str, np.ndarray] | None:
     if not path.is_file():
         return None
     try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {key: f[key] for key in _SHAPES}
+        stored = load_npz_checked(path)
+        arrays = {key: stored[key] for key in _SHAPES}
     except (OSError, ValueError, KeyError) as err:
         logger.warning("ignoring unreadable MNIST-1D cache %s (%s); regenerating", path, err)
         return None

@@ -1,0 +1,217 @@
+"""Files the library writes and later reads back: atomic writes and a SHA-256 seal.
+
+**Atomic writes.** :func:`write_atomic` puts the bytes in a temporary file in
+the target's folder, flushes them to disk and renames the file over the target
+(``os.replace`` is atomic on one file system): a reader sees the old file or
+the new one, never half of one, and a crash, a kill or a full disk leaves the
+old file untouched. With ``keep_previous`` the old file is first linked (or
+copied) to a second name, so that one damaged file never loses the run.
+
+**The seal.** Training checkpoints (``torch.save``) and data caches
+(``numpy.savez``) are zip archives. A zip archive ends with its
+end-of-central-directory record, whose last field is the length of an archive
+comment, empty as torch and numpy write them. :func:`seal_zip` puts
+``feather-sparse sha256 <64 hex digits>`` into that comment: the SHA-256 of
+every byte before the comment-length field. Every zip reader still reads the
+file (``torch.load`` and ``numpy.load`` among them), and any change to it fails
+:func:`check_zip_seal`: a changed byte before the length field changes the
+digest; a change to the length field or the comment, or a truncation, leaves
+no well-formed seal at the end. An archive that ends in an empty comment was
+written before seals existed: readable, but it cannot be verified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+
+__all__ = [
+    "SEAL_PREFIX",
+    "DiskFullError",
+    "IntegrityError",
+    "NotWritableError",
+    "check_zip_seal",
+    "remove_stale_temps",
+    "seal_zip",
+    "write_atomic",
+]
+
+#: What a sealed archive's comment starts with; 64 hex digits follow.
+SEAL_PREFIX = b"feather-sparse sha256 "
+_SEAL_SIZE = len(SEAL_PREFIX) + 64
+_EOCD_SIGNATURE = b"PK\x05\x06"  # end-of-central-directory record, 22 bytes + comment
+_EOCD_SIZE = 22
+_DISK_FULL = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+_NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+class IntegrityError(ValueError):
+    """A file failed its integrity check: damaged, truncated or not written by feather-sparse."""
+
+
+class DiskFullError(OSError):
+    """The disk (or quota) filled up during a write; the file written to is unchanged."""
+
+
+class NotWritableError(OSError):
+    """A folder or file cannot be written (permissions, a read-only file system)."""
+
+
+# ========================================================================= seal
+def seal_zip(data: bytes) -> bytes:
+    """``data`` (a zip archive without a comment) with its SHA-256 in the archive comment.
+
+    Raises:
+        ValueError: when ``data`` does not end in an empty-comment zip record.
+    """
+    if len(data) < _EOCD_SIZE or data[-_EOCD_SIZE:-18] != _EOCD_SIGNATURE or data[-2:] != b"\0\0":
+        raise ValueError("seal_zip needs a zip archive that has no comment yet")
+    body = data[:-2]  # everything up to the comment-length field
+    digest = hashlib.sha256(body).hexdigest().encode("ascii")
+    return body + struct.pack("<H", _SEAL_SIZE) + SEAL_PREFIX + digest
+
+
+def check_zip_seal(data: bytes | memoryview, name: str | os.PathLike[str]) -> bool:
+    """Whether ``data`` carries a valid seal (True) or is an unsealed legacy archive (False).
+
+    Args:
+        data: the whole file.
+        name: the file, for the error message.
+
+    Raises:
+        IntegrityError: when the seal is there but does not match (a changed
+            byte), or the file ends in neither a seal nor a zip record
+            (truncated, damaged, or not a feather-sparse file).
+    """
+    view = memoryview(data)
+    tail = len(view) - _SEAL_SIZE
+    if tail >= _EOCD_SIZE and bytes(view[tail : tail + len(SEAL_PREFIX)]) == SEAL_PREFIX:
+        record = bytes(view[tail - _EOCD_SIZE : tail])
+        if record[:4] != _EOCD_SIGNATURE or record[-2:] != struct.pack("<H", _SEAL_SIZE):
+            raise IntegrityError(f"{name}: its checksum record is damaged")
+        digest = hashlib.sha256(view[: tail - 2]).hexdigest().encode("ascii")
+        if bytes(view[tail + len(SEAL_PREFIX) :]) != digest:
+            raise IntegrityError(
+                f"{name}: its SHA-256 does not match the one stored in it (the file was changed)"
+            )
+        return True
+    legacy = len(view) >= _EOCD_SIZE and bytes(view[-_EOCD_SIZE:-18]) == _EOCD_SIGNATURE
+    if legacy and bytes(view[-2:]) == b"\0\0":
+        return False  # written before seals: nothing to verify
+    raise IntegrityError(
+        f"{name}: it does not end in a checksum (truncated, damaged, or not a feather-sparse file)"
+    )
+
+
+# ================================================================ atomic writes
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _os_error(err: OSError, path: Path, action: str) -> OSError:
+    """``err`` as a one-line error naming the file and the fix (full disk, read-only)."""
+    if err.errno in _DISK_FULL:
+        out: OSError = DiskFullError(
+            f"the disk is full ({err.strerror}) while {action} {path}; "
+            f"{path.name} is unchanged; free some space and try again"
+        )
+    elif err.errno in _NOT_WRITABLE:
+        out = NotWritableError(
+            f"cannot write in {path.parent} ({err.strerror}); "
+            "make the folder writable or choose another one"
+        )
+    else:
+        return err
+    out.errno, out.strerror, out.filename = err.errno, err.strerror, str(path)
+    return out
+
+
+def remove_stale_temps(path: Path) -> None:
+    """Remove the temporary files :func:`write_atomic` leaves when killed while writing ``path``."""
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # persist the renames themselves (POSIX; best effort)
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _temp_in(folder: Path, name: str) -> tuple[int, str]:
+    return tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+
+
+def _keep_copy(path: Path, previous: Path) -> None:
+    """``previous`` becomes ``path``'s content, atomically (a hard link, else a copy)."""
+    fd, tmp = _temp_in(previous.parent, previous.name)
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+        try:
+            os.link(path, tmp)
+        except OSError:  # no hard links on this file system
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, previous)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(
+    path: str | os.PathLike[str],
+    data: bytes,
+    *,
+    keep_previous: str | os.PathLike[str] | None = None,
+) -> None:
+    """Write ``data`` to ``path`` so that ``path`` is always a whole file, old or new.
+
+    Args:
+        path: the file to write; its folder is created.
+        data: the bytes.
+        keep_previous: if given and ``path`` exists, its current content is
+            kept under this name (in the same folder) before ``path`` is
+            replaced; both steps are atomic, so at every moment ``path`` is a
+            whole file and ``keep_previous`` a whole earlier one.
+
+    Raises:
+        DiskFullError: the disk filled up; ``path`` (and ``keep_previous``) are unchanged.
+        NotWritableError: the folder cannot be written.
+        OSError: any other failure; ``path`` is unchanged.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = _temp_in(path.parent, path.name)
+    except OSError as err:
+        raise _os_error(err, path, "writing") from err
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes it private (0600)
+        if keep_previous is not None and path.is_file():
+            _keep_copy(path, Path(keep_previous))
+        os.replace(tmp_name, path)
+    except OSError as err:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise _os_error(err, path, "writing") from err
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    remove_stale_temps(path)  # left by a killed writer
+    if keep_previous is not None:
+        remove_stale_temps(Path(keep_previous))
+    _fsync_dir(path.parent)

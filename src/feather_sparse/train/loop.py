@@ -1,0 +1,601 @@
+"""The training loop behind ``feather-sparse train``: recipes in, a pruned model out.
+
+Each step is the paper's recipe: forward through ``P_T(w)``, cross-entropy,
+backward (straight-through, pruned-weight gradients scaled by θ), optional
+gradient-norm clipping, SGD step, LR schedule step (per iteration), then
+``pruner.step()`` recomputes the thresholds at the scheduled sparsity. At the
+end ``pruner.finalize()`` bakes ``P_T(w)`` into the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+
+from feather_sparse.integrity import DiskFullError
+from feather_sparse.pruner import PrunerReport
+from feather_sparse.recipes import TrainConfig
+from feather_sparse.train.checkpoint import (
+    _check_resume,
+    checkpoint_path,
+    load_latest_checkpoint,
+    save_checkpoint,
+)
+from feather_sparse.train.dist import (
+    DistContext,
+    _all_reduce_sum,
+    _barrier,
+    _sync_buffers,
+    distributed_context,
+    resolve_device,
+)
+from feather_sparse.train.progress import (
+    BAR_REFRESHES_PER_EPOCH,
+    _dense_table,
+    _log_epoch,
+    _Progress,
+    _threshold_value,
+    _use_bar,
+)
+from feather_sparse.train.pruner_build import _check_method
+from feather_sparse.train.run_dir import (
+    _export_unavailable,
+    _finished_run,
+    _jsonable,
+    _prepare,
+    _report_table,
+    _run_logging,
+    _save_model,
+    _tensorboard,
+    default_run_dir,
+)
+from feather_sparse.train.session import _checkpoint_state, _Session, _setup, _write_run_info
+
+logger = logging.getLogger(__name__)
+
+#: Called at the end of every epoch, after the evaluation and before the
+#: checkpoint, with (epochs completed, model, pruner or None, that epoch's
+#: metrics). Keys a callback adds to the metrics go to ``metrics.jsonl``.
+EpochCallback = Callable[[int, nn.Module, Any, dict[str, Any]], None]
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: Any,
+    *,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    ctx: DistContext | None = None,
+) -> tuple[float, float]:
+    """Mean cross-entropy and top-1 accuracy of ``model`` over ``loader``.
+
+    Parametrized (pruned) weights are computed once for the whole pass, and
+    the sums are added over processes when there are several.
+    """
+    ctx = ctx or DistContext()
+    model.eval()
+    device = next(model.parameters()).device
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    with parametrize.cached():
+        for x, y in loader:
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                out = model(x)
+            totals[0] += F.cross_entropy(out.float(), y, reduction="sum")
+            totals[1] += (out.argmax(dim=1) == y).sum()
+            totals[2] += y.numel()
+    loss_sum, correct, count = _all_reduce_sum(totals, ctx).tolist()
+    if count == 0:
+        raise ValueError("the test loader yielded no samples")
+    return loss_sum / count, correct / count
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`train` hands back.
+
+    Attributes:
+        run_dir: the run folder.
+        config: the config the run used.
+        model: the trained model; after a completed run the weights hold
+            ``P_T(w)`` (exact zeros) and no parametrization is attached.
+        completed: False when stopped early (``stop_after_epoch``); the run
+            can be resumed then, and nothing was finalized or exported.
+        epochs: epochs completed.
+        steps: optimizer steps completed.
+        test_accuracy: top-1 accuracy of the final (finalized) model, or of the
+            last epoch when not completed.
+        test_loss: its mean cross-entropy.
+        sparsity: fraction of zeros among the prunable weights (0 when dense).
+        target_sparsity: the requested sparsity (0 when dense).
+        report: the Pruner's per-layer report before finalizing (None when dense).
+        table: the per-layer table printed at the end (Markdown).
+        model_path: the saved model (``model.fsp`` or ``model.pt``), if any.
+        wall_time: seconds spent in this call.
+        history: the per-epoch metrics of this and earlier sessions.
+    """
+
+    run_dir: Path
+    config: TrainConfig
+    model: nn.Module
+    completed: bool
+    epochs: int
+    steps: int
+    test_accuracy: float
+    test_loss: float
+    sparsity: float
+    target_sparsity: float
+    report: PrunerReport | None
+    table: str
+    model_path: Path | None
+    wall_time: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+# ===================================================================== the loop
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training: where the run stopped, and the command that continues it.
+
+    A ``KeyboardInterrupt``, so code that catches that still does; the CLI
+    prints the message and exits with 130.
+
+    Attributes:
+        run_dir: the run folder.
+        epoch: epochs completed when interrupted.
+        step: optimizer steps completed.
+        saved_epoch: the epoch the newest checkpoint holds (None: none saved).
+    """
+
+    def __init__(
+        self, run_dir: Path, epoch: int, step: int, epochs: int, saved_epoch: int | None
+    ) -> None:
+        self.run_dir, self.epoch, self.step, self.saved_epoch = run_dir, epoch, step, saved_epoch
+        where = (
+            f"while finishing, after epoch {epoch}/{epochs}"
+            if epoch >= epochs
+            else f"in epoch {epoch + 1}/{epochs} at step {step}"
+        )
+        if saved_epoch is None:
+            then = "no epoch was finished, nothing was saved; start the run again"
+        else:
+            then = (
+                f"the last checkpoint holds epoch {saved_epoch}; continue with: "
+                f"feather-sparse train --resume {run_dir}"
+            )
+        super().__init__(f"interrupted {where}; {then}")
+
+
+def _save(s: _Session, row: dict[str, Any]) -> None:
+    """Checkpoint the session (the one before kept as ``prev.pt``); a full disk says so."""
+    path = checkpoint_path(s.run_dir)
+    try:
+        save_checkpoint(_checkpoint_state(s, row), path, keep_previous=True)
+    except DiskFullError as err:
+        if s.saved_epoch is None:
+            kept = "no checkpoint was written yet; free some space and start the run again"
+        else:
+            kept = (
+                f"the previous checkpoint (epoch {s.saved_epoch}) is intact; free some space, "
+                f"then continue with: feather-sparse train --resume {s.run_dir}"
+            )
+        raise DiskFullError(
+            f"the disk is full: the checkpoint of epoch {s.epoch} could not be written to "
+            f"{path}; {kept}"
+        ) from err
+    s.saved_epoch = s.epoch
+
+
+def _train_epoch(s: _Session, progress: bool) -> tuple[float, float]:
+    """One pass over the training data; returns its mean loss and accuracy."""
+    config, pruner = s.config, s.pruner
+    s.bundle.train.set_epoch(s.epoch)
+    s.model.train()
+    params = [p for group in s.optimizer.param_groups for p in group["params"]]
+    refresh = max(1, s.steps_per_epoch // BAR_REFRESHES_PER_EPOCH)
+    stats = torch.zeros(3, dtype=torch.float64, device=s.device)  # loss sum, correct, samples
+    bar = _Progress(s.steps_per_epoch, f"epoch {s.epoch + 1}/{config.epochs}", progress)
+    try:
+        for i, (x, y) in enumerate(s.bundle.train):
+            with s.autocast():
+                out = s.forward_model(x)
+                loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
+            # The backbone's extra loss term (ASL+'s sparsity loss; 0 for global).
+            total = loss if pruner is None else loss + pruner.regularizer()
+            s.optimizer.zero_grad(set_to_none=True)
+            s.scaler.scale(total).backward()
+            if config.grad_clip is not None:
+                s.scaler.unscale_(s.optimizer)
+                torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+            s.scaler.step(s.optimizer)
+            s.scaler.update()
+            s.scheduler.step()
+            if pruner is not None:
+                pruner.step()  # new thresholds from the updated weights
+            s.step += 1
+            with torch.no_grad():
+                stats[0] += loss.detach().double() * y.numel()
+                stats[1] += (out.argmax(dim=1) == y).sum()
+                stats[2] += y.numel()
+            shown = None
+            if (i + 1) % refresh == 0 or i + 1 == s.steps_per_epoch:  # one host sync
+                loss_sum, correct, seen = stats.tolist()
+                shown = {"loss": f"{loss_sum / seen:.4f}", "acc": f"{correct / seen:.2%}"}
+                if pruner is not None:
+                    shown["sparsity"] = f"{pruner.scheduled_sparsity():.3f}"
+                    shown["thr"] = f"{_threshold_value(pruner):.3g}"
+            bar.update(i + 1, shown)
+    finally:
+        bar.close()
+    loss_sum, correct, seen = _all_reduce_sum(stats, s.ctx).tolist()
+    return loss_sum / seen, correct / seen
+
+
+def _test_due(config: TrainConfig, epoch: int, end_epoch: int) -> bool:
+    """Whether the model is tested after ``epoch``: every ``eval_every`` epochs and
+    after the last; with ``eval_every=0`` only where training stops early (the
+    final model is always tested by :func:`_finish`)."""
+    every = config.eval_every
+    if every and (epoch % every == 0 or epoch == config.epochs):
+        return True
+    return epoch == end_epoch < config.epochs
+
+
+def _finish(s: _Session, writer: Any, started: float) -> TrainResult:
+    """Finalize the Pruner, evaluate the plain model, write the report and the model."""
+    config, pruner = s.config, s.pruner
+    report: PrunerReport | None = None
+    if pruner is not None:
+        pruner.update(pruner.sparsity)  # the thresholds finalize() bakes, for the report
+        report = pruner.report()
+        sparsity = pruner.finalize()
+        table = report.table()
+    else:
+        sparsity = 0.0
+        table = _dense_table(s.model)
+    target = 0.0 if config.dense else config.sparsity
+    _sync_buffers(s.model, s.ctx)
+    test_loss, test_acc = evaluate(s.model, s.bundle.test, autocast=s.autocast, ctx=s.ctx)
+    model_path: Path | None = None
+    if s.ctx.is_main:
+        final = {
+            "final": True,
+            "epoch": s.epoch,
+            "step": s.step,
+            "test_loss": test_loss,
+            "test_acc": test_acc,
+            "sparsity": sparsity,
+            "target_sparsity": target,
+        }
+        with s.metrics_file.open("a") as f:
+            f.write(json.dumps(final) + "\n")
+        title = "dense" if config.dense else f"{config.method}, target sparsity {target:g}"
+        (s.run_dir / "report.md").write_text(
+            f"# {config.recipe}: {config.model} on {config.dataset} ({title})\n\n"
+            f"- final test accuracy: {test_acc:.2%} (loss {test_loss:.4f})\n"
+            f"- achieved sparsity: {sparsity:.2%} of the prunable weights\n"
+            f"- epochs: {s.epoch}, steps: {s.step}\n\n"
+            f"{table}\n"
+        )
+        metadata = {
+            "source": "feather-sparse train",
+            "epoch": s.epoch,
+            "step": s.step,
+            "test_accuracy": test_acc,
+            "sparsity": sparsity,
+            "config": config.to_dict(s.spec),
+        }
+        model_path = _save_model(s.model, s.spec, s.run_dir, _jsonable(metadata))
+        if writer is not None:
+            writer.add_scalar("final/test_acc", test_acc, s.epoch)
+            writer.add_scalar("final/sparsity", sparsity, s.epoch)
+    _barrier(s.ctx)
+    logger.info(
+        "final: test accuracy %.2f%%, sparsity %.4f (target %.4g)", 100 * test_acc, sparsity, target
+    )
+    return TrainResult(
+        run_dir=s.run_dir,
+        config=config,
+        model=s.model,
+        completed=True,
+        epochs=s.epoch,
+        steps=s.step,
+        test_accuracy=test_acc,
+        test_loss=test_loss,
+        sparsity=sparsity,
+        target_sparsity=target,
+        report=report,
+        table=table,
+        model_path=model_path,
+        wall_time=time.perf_counter() - started,
+        history=s.history,
+    )
+
+
+def _train(
+    config: TrainConfig,
+    run_dir: Path,
+    *,
+    device: torch.device,
+    ctx: DistContext,
+    checkpoint: dict[str, Any] | None,
+    stop_after_epoch: int | None,
+    callbacks: Sequence[EpochCallback],
+    progress: bool,
+    started: float,
+    load_dataset: Callable[..., Any],
+    create_model: Callable[..., nn.Module],
+) -> TrainResult:
+    s = _setup(
+        config,
+        run_dir,
+        device=device,
+        ctx=ctx,
+        checkpoint=checkpoint,
+        load_dataset=load_dataset,
+        create_model=create_model,
+    )
+    if ctx.is_main:
+        _write_run_info(s)
+        reason = _export_unavailable()
+        if reason is not None:
+            logger.warning("%s: the model will be saved as model.pt, not model.fsp", reason)
+    n_params = sum(p.numel() for p in s.model.parameters())
+    logger.info(
+        "%s: %s (%s params) on %s (%d train / %d test), %d epochs × %d steps, %s, device %s",
+        run_dir,
+        config.model,
+        f"{n_params:,}",
+        config.dataset,
+        s.bundle.train_size,
+        s.bundle.test_size,
+        config.epochs,
+        s.steps_per_epoch,
+        "dense" if s.pruner is None else f"{config.method} to sparsity {config.sparsity:g}",
+        device,
+    )
+    end_epoch = config.epochs if stop_after_epoch is None else min(config.epochs, stop_after_epoch)
+    writer = _tensorboard(run_dir, config.tensorboard) if ctx.is_main else None
+    try:
+        while s.epoch < end_epoch:
+            epoch_start = time.perf_counter()
+            train_loss, train_acc = _train_epoch(s, progress)
+            s.epoch += 1
+            _sync_buffers(s.model, ctx)
+            pruner = s.pruner
+            row: dict[str, Any] = {
+                "epoch": s.epoch,
+                "step": s.step,
+                "lr": s.optimizer.param_groups[0]["lr"],
+                "train_loss": train_loss,
+                "train_acc": train_acc,
+            }
+            if _test_due(config, s.epoch, end_epoch):
+                test_loss, test_acc = evaluate(s.model, s.bundle.test, autocast=s.autocast, ctx=ctx)
+                row.update(test_loss=test_loss, test_acc=test_acc)
+            row |= {
+                "sparsity": pruner.sparsity_achieved() if pruner is not None else 0.0,
+                "scheduled_sparsity": pruner.scheduled_sparsity() if pruner is not None else 0.0,
+                "threshold": _threshold_value(pruner) if pruner is not None else 0.0,
+                "epoch_time": time.perf_counter() - epoch_start,
+            }
+            # Callbacks run before the checkpoint, so that what they change
+            # (weights, RNG draws, keys added to `row`) is saved and resumed.
+            for callback in callbacks:
+                callback(s.epoch, s.model, s.pruner, row)
+            s.history.append(row)
+            _log_epoch(row, config.epochs)
+            if ctx.is_main:
+                _save(s, row)
+                with s.metrics_file.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                if writer is not None:
+                    for key, value in row.items():
+                        if key not in ("epoch", "step") and isinstance(value, (int, float)):
+                            writer.add_scalar(key, value, s.epoch)
+                    writer.flush()
+            _barrier(ctx)  # nobody runs ahead of (or resumes from) a half-written checkpoint
+
+        if s.epoch < config.epochs:
+            logger.info("stopped after epoch %d of %d (resumable)", s.epoch, config.epochs)
+            last = s.history[-1] if s.history else {}
+            return TrainResult(
+                run_dir=run_dir,
+                config=config,
+                model=s.model,
+                completed=False,
+                epochs=s.epoch,
+                steps=s.step,
+                test_accuracy=last.get("test_acc", float("nan")),
+                test_loss=last.get("test_loss", float("nan")),
+                sparsity=s.pruner.sparsity_achieved() if s.pruner is not None else 0.0,
+                target_sparsity=0.0 if config.dense else config.sparsity,
+                report=None,
+                table="",
+                model_path=None,
+                wall_time=time.perf_counter() - started,
+                history=s.history,
+            )
+        return _finish(s, writer, started)
+    except KeyboardInterrupt as err:
+        if isinstance(err, TrainingInterrupted):
+            raise
+        raise TrainingInterrupted(run_dir, s.epoch, s.step, config.epochs, s.saved_epoch) from None
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def train(
+    config: TrainConfig,
+    run_dir: str | os.PathLike[str] | None = None,
+    *,
+    resume: bool = False,
+    stop_after_epoch: int | None = None,
+    callbacks: Sequence[EpochCallback] = (),
+    progress: bool | None = None,
+) -> TrainResult:
+    """Train ``config``'s model on its data set, pruning with its method.
+
+    Args:
+        config: the run's settings (``feather_sparse.recipes.load_config``).
+        run_dir: the run folder; default ``runs/<recipe>-<method>-s<S>-<time>``.
+        resume: continue the run in ``run_dir`` from its last checkpoint. The
+            config must agree with the checkpoint's except for
+            ``RESUME_FREE_FIELDS`` (device, data_dir, ...).
+        stop_after_epoch: stop once this many epochs are done (checkpointed,
+            not finalized), to be resumed later.
+        callbacks: called at every epoch end, see ``EpochCallback``.
+        progress: show a tqdm bar per epoch; default: when stderr is a terminal.
+
+    Returns:
+        The trained model and its numbers; see :class:`TrainResult`.
+
+    Resuming a run that has finished, with its saved model intact, writes
+    nothing and returns that model and the run's final numbers. A damaged
+    ``last.pt`` is set aside (``last.pt.damaged``) and the run resumes from
+    ``prev.pt``, with a warning.
+
+    Raises:
+        ValueError: for an unknown model/data set/method, a resume that
+            contradicts the checkpoint, a fresh run into a folder that already
+            holds one, a run folder that is a file, or a bad device.
+        IntegrityError: (a ``ValueError``) when no intact checkpoint is left.
+        FileNotFoundError: for missing data or a missing checkpoint.
+        NotWritableError: (an ``OSError``) when the run folder cannot be written.
+        DiskFullError: (an ``OSError``) when the disk fills up while saving a
+            checkpoint; the previous one is intact.
+        TrainingInterrupted: (a ``KeyboardInterrupt``) on Ctrl-C, saying
+            where the run stopped and how to continue it.
+    """
+    from feather_sparse.data import DATASETS, load_dataset
+    from feather_sparse.models import create_model, model_info
+
+    started = time.perf_counter()
+    ctx = distributed_context()
+
+    # --- check everything cheap before any work -------------------------------
+    try:
+        model_info(config.model)
+    except ValueError as err:
+        raise ValueError(f"model: {err}") from None
+    if config.model_kwargs.get("num_classes") is not None:
+        raise ValueError("model_kwargs: num_classes comes from the data set; do not set it")
+    if config.dataset not in DATASETS:
+        raise ValueError(
+            f"dataset: unknown dataset {config.dataset!r}; choose one of: "
+            f"{', '.join(DATASETS.names())}"
+        )
+    _check_method(config)
+    if stop_after_epoch is not None and stop_after_epoch < 1:
+        raise ValueError(f"stop_after_epoch must be >= 1, got {stop_after_epoch}")
+    device = resolve_device(config.device)
+    if ctx.world_size > 1 and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())  # this rank's GPU
+    if config.amp and device.type != "cuda":
+        raise ValueError(f"amp: mixed precision needs a CUDA device, this run uses {device}")
+
+    if run_dir is None:
+        if resume:
+            raise ValueError("resume needs the run folder to continue")
+        run_dir = default_run_dir(config)
+        if ctx.world_size > 1:  # the time stamp of rank 0's clock, on every rank
+            names = [str(run_dir)]
+            torch.distributed.broadcast_object_list(names, src=0)
+            run_dir = names[0]
+    run_path = Path(run_dir)
+    if run_path.exists() and not run_path.is_dir():
+        raise ValueError(
+            f"run folder {run_path} is an existing file, not a folder; "
+            "choose another --run-dir (a new or an existing folder)"
+        )
+    ckpt_file = checkpoint_path(run_path)
+    checkpoint: dict[str, Any] | None = None
+    if resume:
+        finished = _finished_run(run_path)
+        if finished is not None:
+            return _finished_result(config, run_path, finished, started)
+        checkpoint = load_latest_checkpoint(run_path, set_aside_damaged=ctx.is_main)
+        _check_resume(config, TrainConfig.from_dict(checkpoint["config"]))
+    elif ckpt_file.exists():
+        raise ValueError(
+            f"{run_path} already holds a run (checkpoints/last.pt); resume it with "
+            "--resume, or choose another --run-dir"
+        )
+    created = not run_path.exists()
+    if ctx.is_main:
+        _prepare(run_path)
+
+    threads = torch.get_num_threads()
+    if config.threads is not None:
+        # Small models train fastest on one thread; kernels of a few thousand
+        # elements lose more to thread hand-offs than they gain.
+        torch.set_num_threads(config.threads)
+    try:
+        with _run_logging(run_path if ctx.is_main else None):
+            return _train(
+                config,
+                run_path,
+                device=device,
+                ctx=ctx,
+                checkpoint=checkpoint,
+                stop_after_epoch=stop_after_epoch,
+                callbacks=callbacks,
+                progress=_use_bar(progress) and ctx.is_main,
+                started=started,
+                load_dataset=load_dataset,
+                create_model=create_model,
+            )
+    except BaseException:
+        # A run that failed before its first checkpoint (bad data path, ...)
+        # leaves no half-made folder behind when this call created it.
+        if created and ctx.is_main and not ckpt_file.exists():
+            shutil.rmtree(run_path, ignore_errors=True)
+        raise
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _finished_result(
+    config: TrainConfig,
+    run_dir: Path,
+    finished: tuple[nn.Module, Path, dict[str, Any], list[dict[str, Any]]],
+    started: float,
+) -> TrainResult:
+    """The result of a run that had already finished, read back; nothing is written."""
+    model, model_path, final, history = finished
+    logger.info(
+        "%s already finished (epoch %d/%d); its model %s is intact and kept as it is",
+        run_dir,
+        int(final.get("epoch", config.epochs)),
+        config.epochs,
+        model_path,
+    )
+    return TrainResult(
+        run_dir=run_dir,
+        config=config,
+        model=model,
+        completed=True,
+        epochs=int(final.get("epoch", config.epochs)),
+        steps=int(final.get("step", 0)),
+        test_accuracy=float(final["test_acc"]),
+        test_loss=float(final["test_loss"]),
+        sparsity=float(final["sparsity"]),
+        target_sparsity=float(final["target_sparsity"]),
+        report=None,
+        table=_report_table(run_dir),
+        model_path=model_path,
+        wall_time=time.perf_counter() - started,
+        history=history,
+    )
