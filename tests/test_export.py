@@ -399,6 +399,131 @@ def test_bad_arguments(tmp_path: Path) -> None:
     assert not (tmp_path / "x.fsp").exists()
 
 
+def _rewrite_header(path: Path, edit: Callable[[dict], None]) -> None:
+    """Edit the decoded ``feather.header`` JSON and write it back validly (new CRC-64)."""
+    import lzma
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        metadata = dict(f.metadata())
+    entries = load_file(str(path))
+    header = json.loads(lzma.decompress(entries["feather.header"].numpy().tobytes()))
+    edit(header)
+    packed = lzma.compress(json.dumps(header).encode(), format=lzma.FORMAT_XZ)
+    entries["feather.header"] = torch.frombuffer(bytearray(packed), dtype=torch.uint8)
+    save_file(entries, str(path), metadata=metadata)
+
+
+@pytest.mark.skipif("mnist1d_cnn" not in REGISTERED_MODELS, reason="needs the model zoo")
+def test_edited_model_spec_fails_before_the_model_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import feather_sparse.models as zoo
+
+    path = tmp_path / "net.fsp"
+    save_sparse(prune_(create_model("mnist1d_cnn"), 0.9), path)
+    _rewrite_header(path, lambda h: h["model_spec"]["kwargs"].update(width=24))
+    built_on: list[str] = []  # the device of every model load_sparse builds
+
+    def create(name: str, **kwargs: object) -> nn.Module:
+        model = create_model(name, **kwargs)
+        built_on.append(next(model.parameters()).device.type)
+        return model
+
+    monkeypatch.setattr(zoo, "create_model", create)
+    with pytest.raises(ValueError, match=r"width=24.*shape mismatch.*does not fit its own tensors"):
+        load_sparse(path)
+    assert built_on == ["meta"]  # checked on a shapes-only model: no ~400 MB allocated
+
+
+@pytest.mark.parametrize("name", REGISTERED_MODELS)
+def test_every_registered_model_builds_on_meta(name: str) -> None:
+    """load_sparse checks a file's spec on the meta device first; every model must allow it."""
+    with torch.device("meta"):
+        model = create_model(name)
+    assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def test_save_sparse_to_a_folder_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError, match=r"is a directory; .*model\.fsp"):
+        save_sparse(nn.Linear(2, 2), tmp_path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file, not a folder"):
+        save_sparse(nn.Linear(2, 2), tmp_path / "file" / "sub" / "m.fsp")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no temporary left
+
+
+def test_reading_a_folder_or_a_torch_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError, match=r"is a folder, not a sparse checkpoint"):
+        inspect_sparse(tmp_path)
+    torch.save({"a": torch.zeros(2)}, tmp_path / "x.pt")
+    with pytest.raises(ValueError, match=r"is a PyTorch checkpoint.*feather-sparse export"):
+        load_sparse(tmp_path / "x.pt", nn.Linear(2, 2))
+
+
+def test_full_disk_keeps_the_previous_file(
+    sparse_net: MixedNet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import os
+
+    path = tmp_path / "net.fsp"
+    save_sparse(sparse_net, path)
+    good = path.read_bytes()
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(OSError, match=r"disk is full.*unchanged") as caught:
+        save_sparse(prune_(MixedNet(), 0.5), path)
+    assert caught.value.errno == errno.ENOSPC
+    assert path.read_bytes() == good and [p.name for p in tmp_path.iterdir()] == ["net.fsp"]
+
+
+def test_temporaries_of_killed_writers_are_removed(tmp_path: Path) -> None:
+    import os
+
+    dead = tmp_path / ".m.fsp.999999999.0a1b2c3d.tmp"  # no such pid
+    alive = tmp_path / f".m.fsp.{os.getppid()}.0a1b2c3d.tmp"  # a writer still running
+    other = tmp_path / ".n.fsp.999999999.0a1b2c3d.tmp"  # another target's
+    for leftover in (dead, alive, other):
+        leftover.write_bytes(b"partial")
+    save_sparse(nn.Linear(2, 2), tmp_path / "m.fsp")
+    assert not dead.exists() and alive.exists() and other.exists()
+
+
+def test_cli_bad_files_are_one_line(
+    fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def one_line_error(argv: list[str], *expected: str) -> None:
+        assert cli.main(argv) == 1
+        printed = capsys.readouterr()
+        lines = printed.err.strip().splitlines()
+        assert len(lines) == 1, printed.err
+        assert all(text in lines[0] for text in expected), lines[0]
+        assert "weights_only" not in lines[0] and "Traceback" not in printed.err
+
+    out = tmp_path / "out.fsp"
+    one_line_error(["inspect", str(tmp_path)], "is a folder")
+    one_line_error(["export", str(tmp_path / "missing.fsp"), "-o", str(out)], "does not exist")
+    (tmp_path / "garbage.fsp").write_bytes(b"\x00garbage" * 100)
+    one_line_error(
+        ["export", str(tmp_path / "garbage.fsp"), "-o", str(out)], "not a feather-sparse"
+    )
+    one_line_error(["inspect", str(tmp_path / "garbage.fsp")], "truncated or corrupted")
+    torch.save({"a": torch.zeros(2)}, tmp_path / "x.pt")
+    one_line_error(["inspect", str(tmp_path / "x.pt")], "PyTorch checkpoint")
+    data = (tmp_path / "x.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    one_line_error(["export", str(tmp_path / "cut.pt"), "-o", str(out)], "damaged")
+    save_sparse(prune_(fake_zoo("mixed"), 0.5), tmp_path / "good.fsp")
+    one_line_error(["export", str(tmp_path / "good.fsp"), "-o", str(tmp_path)], "is a directory")
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------------------
 # sparse inference
 # ---------------------------------------------------------------------------
@@ -581,35 +706,134 @@ def test_cli_export_from_run_dir(
     assert inspect_sparse(half).values == "fp16" and half.stat().st_size < out.stat().st_size
 
 
-def test_cli_export_finalizes_the_pruner(
-    fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    model = fake_zoo("mixed")
-    pruner = Pruner(model, sparsity=0.9, total_steps=6)
+def _mid_training(create: ZooFactory, tmp_path: Path, epoch: int, epochs: int) -> tuple[Path, dict]:
+    """A training checkpoint after 4 of 20 steps: the cubic schedule (0 to 0.9 over
+    steps 0-10) asks for 0.9 * (1 - (1 - 4/10)^3) = 0.7056 there, not 0.9."""
+    model = create("mixed")
+    pruner = Pruner(model, sparsity=0.9, total_steps=20)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(4):  # mid-training: the schedule has not reached 90 % yet
+    for _ in range(4):
         loss = model(torch.randn(8, 1, 40)).square().mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         pruner.step()
+    assert pruner.scheduled_sparsity() == pytest.approx(0.7056)
     ckpt = _checkpoint(model, pruner.dense_state_dict(), pruner.state_dict())
-    torch.save(ckpt, tmp_path / "last.pt")
+    ckpt["epoch"], ckpt["config"]["epochs"] = epoch, epochs
+    path = tmp_path / "last.pt"
+    torch.save(ckpt, path)
+    return path, ckpt
 
-    reference = fake_zoo("mixed")  # what the export must do, done by hand
+
+def _pruned_sparsity(path: Path, pruner_state: dict) -> float:
+    targets = {f"{name}.weight" for name in pruner_state["config"]["targets"]}
+    pruned = [r for r in inspect_sparse(path).tensors if r.name in targets]
+    assert {r.name for r in pruned} == {"conv.weight", "point.weight", "fc.weight", "head.weight"}
+    return 1 - sum(r.nnz for r in pruned) / sum(r.numel for r in pruned)
+
+
+def test_cli_export_of_an_unfinished_run_keeps_its_thresholds(
+    fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, ckpt = _mid_training(fake_zoo, tmp_path, epoch=1, epochs=5)
+    reference = fake_zoo("mixed")  # the model as its forward is at the checkpoint
+    reference.load_state_dict(ckpt["model"])
+    expected = Pruner.from_state_dict(reference, ckpt["pruner"]).dense_state_dict(pruned=True)
+
+    out = tmp_path / "model.fsp"
+    assert cli.main(["export", str(source), "-o", str(out)]) == 0
+    printed = capsys.readouterr()
+    note = [line for line in printed.out.splitlines() if "not finished" in line]
+    assert len(note) == 1 and "epoch 1 of 5" in note[0] and "sparsity 0.70" in note[0]
+    assert "--sparsity 0.9" in note[0] and printed.err == ""
+    assert_bit_equal(expected, load_sparse(out).state_dict())
+    assert _pruned_sparsity(out, ckpt["pruner"]) == pytest.approx(0.7056, abs=2e-3)
+    meta = inspect_sparse(out).metadata
+    assert meta["finished"] is False and meta["baked"] == "current"
+    assert meta["sparsity"] == pytest.approx(0.7056, abs=2e-3)
+
+
+def test_cli_export_at_an_explicit_sparsity_warns(
+    fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, ckpt = _mid_training(fake_zoo, tmp_path, epoch=1, epochs=5)
+    reference = fake_zoo("mixed")  # what --sparsity 0.9 must do, done by hand
+    reference.load_state_dict(ckpt["model"])
+    Pruner.from_state_dict(reference, ckpt["pruner"]).finalize(0.9)
+
+    out = tmp_path / "model.fsp"
+    assert cli.main(["export", str(source), "-o", str(out), "--sparsity", "0.9"]) == 0
+    printed = capsys.readouterr()
+    warning = printed.err.strip().splitlines()
+    assert len(warning) == 1 and "warning" in warning[0]
+    assert "not trained for it" in warning[0] and "epoch 1 of 5" in warning[0]
+    assert "not finished" not in printed.out
+    assert_bit_equal(reference.state_dict(), load_sparse(out).state_dict())
+    assert _pruned_sparsity(out, ckpt["pruner"]) == pytest.approx(0.9, abs=1e-3)
+
+
+def test_cli_export_of_a_finished_run_bakes_the_target(
+    fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # epoch 5 of 5: the run is done, whatever the Pruner's step count says
+    source, ckpt = _mid_training(fake_zoo, tmp_path, epoch=5, epochs=5)
+    reference = fake_zoo("mixed")
     reference.load_state_dict(ckpt["model"])
     Pruner.from_state_dict(reference, ckpt["pruner"]).finalize()
 
     out = tmp_path / "model.fsp"
-    assert cli.main(["export", str(tmp_path / "last.pt"), "-o", str(out)]) == 0
-    capsys.readouterr()
-    exported = load_sparse(out)
-    assert_bit_equal(reference.state_dict(), exported.state_dict())
-    targets = {f"{name}.weight" for name in pruner.config()["targets"]}
-    assert targets == {"conv.weight", "point.weight", "fc.weight", "head.weight"}
-    pruned = [r for r in inspect_sparse(out).tensors if r.name in targets]
-    nnz, numel = sum(r.nnz for r in pruned), sum(r.numel for r in pruned)
-    assert 1 - nnz / numel == pytest.approx(0.9, abs=1e-3)
+    assert cli.main(["export", str(source), "-o", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "not finished" not in printed.out and printed.err == ""
+    assert_bit_equal(reference.state_dict(), load_sparse(out).state_dict())
+    assert _pruned_sparsity(out, ckpt["pruner"]) == pytest.approx(0.9, abs=1e-3)
+    # --sparsity at the target of a finished run: what it was trained for, no warning
+    assert cli.main(["export", str(source), "-o", str(out), "--sparsity", "0.9"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_export_source_without_epochs_uses_the_pruner_steps(
+    fake_zoo: ZooFactory, tmp_path: Path
+) -> None:
+    source, ckpt = _mid_training(fake_zoo, tmp_path, epoch=1, epochs=5)
+    del ckpt["config"]["epochs"]
+    torch.save(ckpt, source)
+    loaded = export.load_export_source(source)
+    assert not loaded.finished and loaded.progress == "step 4 of 20"
+    assert loaded.baked == "current" and loaded.sparsity == pytest.approx(0.7056, abs=2e-3)
+    assert loaded.target == 0.9 and loaded.warning is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--sparsity", "1.5"], "must be in [0, 1)"), (["--sparsity", "-0.1"], "must be in [0, 1)")],
+)
+def test_cli_export_rejects_a_bad_sparsity(
+    fake_zoo: ZooFactory,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
+) -> None:
+    source, _ = _mid_training(fake_zoo, tmp_path, epoch=1, epochs=5)
+    out = tmp_path / "model.fsp"
+    assert cli.main(["export", str(source), "-o", str(out), *extra]) == 1
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_cli_export_sparsity_needs_a_sparse_training_checkpoint(
+    fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run, _ = _write_run(tmp_path, fake_zoo)  # a dense run: no Pruner state
+    out = tmp_path / "model.fsp"
+    assert cli.main(["export", str(run), "-o", str(out), "--sparsity", "0.5"]) == 1
+    assert "dense run" in capsys.readouterr().err
+    assert cli.main(["export", str(run), "-o", str(out)]) == 0
+    assert cli.main(["export", str(out), "-o", str(tmp_path / "b.fsp"), "--sparsity", "0.5"]) == 1
+    assert "finalized sparse checkpoint" in capsys.readouterr().err
 
 
 def test_cli_export_rejects_other_checkpoints(

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from feather_sparse.export.codec import _VALUE_DTYPES
-from feather_sparse.export.fsp import inspect_sparse, save_sparse
+from feather_sparse.export.fsp import check_writable, inspect_sparse, save_sparse
 from feather_sparse.export.header import MODEL_SPEC_ATTR, format_info, human_bytes
 from feather_sparse.export.onnx import export_onnx, verify_onnx
 from feather_sparse.export.run import load_export_source, resolve_source
@@ -32,6 +32,13 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         choices=sorted(_VALUE_DTYPES),
         default="fp32",
         help="precision of the stored non-zeros (fp32 is lossless; default: fp32)",
+    )
+    parser.add_argument(
+        "--sparsity",
+        type=float,
+        help="finalize a training checkpoint at this sparsity instead of where the run is "
+        "(a finished run: its target; an unfinished one: the thresholds in use); "
+        "warns when the weights were not trained for it",
     )
     parser.add_argument("--onnx", type=Path, help="also write the dense-format model as ONNX")
     parser.add_argument("--opset", type=int, help="ONNX opset (default: newest supported)")
@@ -64,14 +71,37 @@ def _input_shape(model: nn.Module, text: str | None) -> tuple[int, ...]:
 
 def run(command: str, args: argparse.Namespace) -> int:
     """Run ``feather-sparse export`` or ``feather-sparse inspect``; returns the exit code."""
+    try:
+        return _run(command, args)
+    except OSError as err:
+        if isinstance(err, FileNotFoundError):
+            raise  # the CLI's own handler prints it
+        # A folder given for a file, a read-only or full disk: one line, not a traceback.
+        print(f"feather-sparse {command}: error: {err.strerror or err}", file=sys.stderr)
+        return 1
+
+
+def _run(command: str, args: argparse.Namespace) -> int:
     if command == "inspect":
         print(format_info(inspect_sparse(args.file)))
         return 0
     if args.output is None and args.onnx is None:
         raise ValueError("nothing to write: give -o model.fsp and/or --onnx model.onnx")
-    model, metadata = load_export_source(resolve_source(args.source))
+    for target, suggestion in ((args.output, "model.fsp"), (args.onnx, "model.onnx")):
+        if target is not None:
+            check_writable(target, suggestion)  # before the slow part, not after it
+    source = load_export_source(resolve_source(args.source), sparsity=args.sparsity)
+    model = source.model
+    if source.warning:
+        print(f"feather-sparse export: warning: {source.warning}", file=sys.stderr)
+    if source.baked == "current":
+        print(
+            f"the run has not finished ({source.progress}): exported as it "
+            f"is, with the thresholds in use, sparsity {source.sparsity:.4f} "
+            f"(target {source.target:g}; --sparsity {source.target:g} forces the target)"
+        )
     if args.output is not None:
-        info = save_sparse(model, args.output, values=args.values, metadata=metadata)
+        info = save_sparse(model, args.output, values=args.values, metadata=source.metadata)
         print(
             f"wrote {info.path}: {human_bytes(info.file_bytes)} "
             f"({info.dense_bytes / max(info.file_bytes, 1):.2f}x smaller than dense, "

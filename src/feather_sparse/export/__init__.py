@@ -45,11 +45,13 @@ from feather_sparse.export.inference import (
     to_sparse_inference,
 )
 from feather_sparse.export.onnx import export_onnx, verify_onnx
+from feather_sparse.export.run import ExportSource, load_export_source
 
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "PATTERN_CODECS",
+    "ExportSource",
     "PatternCodec",
     "SparseFileInfo",
     "SparseLinear",
@@ -59,6 +61,7 @@ __all__ = [
     "export_onnx",
     "format_info",
     "inspect_sparse",
+    "load_export_source",
     "load_sparse",
     "load_sparse_state_dict",
     "run_cli",  # forwarded to the CLI layer by __getattr__

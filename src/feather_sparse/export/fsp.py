@@ -65,12 +65,15 @@ and dense tensors are always stored as is.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import glob
 import importlib
 import json
 import logging
 import os
+import secrets
 import sys
-import tempfile
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -127,6 +130,100 @@ def _safetensors(module: str) -> Any:
 def _check_byte_order() -> None:
     if sys.byteorder != "little":  # the raw bytes in the file are little-endian
         raise RuntimeError("feather-sparse checkpoints need a little-endian machine")
+
+
+# ---------------------------------------------------------------------------
+# Writing files
+# ---------------------------------------------------------------------------
+
+# Temporary files are named ".<target>.<pid>.<random>.tmp" beside the target, so
+# that the rename is atomic and a later write can tell the leftovers of a
+# killed writer (its pid is gone) from a concurrent writer's file.
+_TMP_SUFFIX = ".tmp"
+
+
+def check_writable(target: Path, example: str = "model.fsp") -> None:
+    """Raise a clear ``OSError`` if ``target`` cannot be a file we write.
+
+    Args:
+        target: the file to write.
+        example: a file name to suggest when ``target`` is a folder.
+    """
+    if target.is_dir():
+        raise IsADirectoryError(
+            errno.EISDIR,
+            f"{target} is a directory; give a file name, e.g. {target / example}",
+        )
+    for parent in (target.parent, *target.parent.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(
+                    errno.ENOTDIR, f"cannot write {target}: {parent} is a file, not a folder"
+                )
+            break
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    """Delete the temporary files of writers to ``target`` that were killed."""
+    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
+        return
+    prefix = f".{target.name}."
+    for leftover in target.parent.glob(f"{glob.escape(prefix)}*{_TMP_SUFFIX}"):
+        pid = leftover.name[len(prefix) :].split(".")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+                logger.info("removed %s, left by a writer that was killed", leftover)
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` so that readers see the old file or the new one.
+
+    The bytes go to a temporary file in the same folder, are flushed to disk,
+    and replace ``target`` in one rename. If the writer dies, ``target`` is
+    untouched; the next write removes the temporary file it left.
+    """
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise type(err)(
+            err.errno, f"cannot create the folder for {target}: {err.strerror}"
+        ) from None
+    _remove_stale_temporaries(target)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise OSError(
+                errno.ENOSPC,
+                f"the disk is full: could not write {target} "
+                f"({len(data)} bytes); the existing file, if any, is unchanged",
+            ) from None
+        raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    if os.name == "posix":  # make the rename itself durable
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 # ---------------------------------------------------------------------------
@@ -223,6 +320,9 @@ def save_sparse(
     Raises:
         ValueError: for an unknown ``values``, metadata that is not
             JSON-serializable, or values that overflow float16.
+        OSError: if ``path`` is a directory or cannot be written (for a full
+            disk, ``errno.ENOSPC``); an existing file at ``path`` is then
+            left as it was.
 
     Example:
         >>> model = nn.Linear(64, 64)
@@ -239,6 +339,8 @@ def save_sparse(
         json.dumps(metadata)
     except (TypeError, ValueError) as err:
         raise ValueError(f"metadata must be JSON-serializable: {err}") from None
+    target = Path(path)
+    check_writable(target)
 
     if isinstance(model, nn.Module):
         if any(parametrize.is_parametrized(m) for m in model.modules()):
@@ -265,25 +367,15 @@ def save_sparse(
         HEADER_KEY: _from_bytes(header, torch.uint8, (len(header),)),
         DATA_KEY: _from_bytes(b"".join(chunks), torch.uint8, (sum(map(len, chunks)),)),
     }
-    save_file = _safetensors("safetensors.torch").save_file
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(
-            entries,
-            tmp,
-            metadata={
-                "format": FORMAT_NAME,
-                "format_version": str(FORMAT_VERSION),
-                "library_version": __version__,
-            },
-        )
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    data = _safetensors("safetensors.torch").save(
+        entries,
+        metadata={
+            "format": FORMAT_NAME,
+            "format_version": str(FORMAT_VERSION),
+            "library_version": __version__,
+        },
+    )
+    _write_atomically(target, data)
     info = _parse_header(str(target), header, target.stat().st_size)
     logger.info(
         "wrote %s: %d bytes (%.1fx smaller than dense, %.3fx the entropy bound)",
@@ -300,13 +392,51 @@ def save_sparse(
 # ---------------------------------------------------------------------------
 
 
+# The first bytes of the files feather-sparse reads: a safetensors file starts
+# with its header's length (8 bytes, little-endian) and then the JSON "{"; a
+# torch.save checkpoint is a zip archive.
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def sniff(path: str | os.PathLike[str]) -> str | None:
+    """What kind of file ``path`` is, by its first bytes.
+
+    Returns:
+        ``"safetensors"`` (a ``.fsp``), ``"zip"`` (a ``torch.save`` file) or ``None``.
+    """
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if len(head) == 9 and head[8:9] == b"{":
+        return "safetensors"
+    if head.startswith(_ZIP_MAGIC):
+        return "zip"
+    return None
+
+
 def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo, bytes]:
     """The file's description and (when asked) its data bytes, with clear errors."""
     safetensors = _safetensors("safetensors")
     safe_open, SafetensorError = safetensors.safe_open, safetensors.SafetensorError
     p = Path(path)
+    if p.is_dir():
+        raise IsADirectoryError(
+            errno.EISDIR,
+            f"{p} is a folder, not a sparse checkpoint; give the .fsp file "
+            f"(a training run keeps it as {p / 'model.fsp'})",
+        )
     if not p.is_file():
         raise FileNotFoundError(f"sparse checkpoint {str(p)!r} does not exist")
+    kind = sniff(p)
+    if kind == "zip":
+        raise ValueError(
+            f"{p} is a PyTorch checkpoint, not a sparse checkpoint; "
+            f"make one with: feather-sparse export {p} -o model.fsp"
+        )
+    if kind != "safetensors":
+        raise ValueError(
+            f"{p} is not a readable feather-sparse checkpoint (truncated or corrupted, or another "
+            "kind of file): it does not start with a safetensors header"
+        )
     try:
         with safe_open(str(p), framework="pt", device="cpu") as f:
             _check_format(str(p), f.metadata() or {})
@@ -365,6 +495,16 @@ def _decode_record(record: TensorRecord, payload: bytes) -> Tensor:
     return bits.view(dtype).reshape(record.shape)
 
 
+def _decode_all(info: SparseFileInfo, data: bytes) -> dict[str, Tensor]:
+    state: dict[str, Tensor] = {}
+    offset = 0
+    for record in info.tensors:
+        size = record.stored_bytes
+        state[record.name] = _decode_record(record, data[offset : offset + size])
+        offset += size
+    return state
+
+
 def load_sparse_state_dict(
     path: str | os.PathLike[str],
 ) -> tuple[dict[str, Tensor], SparseFileInfo]:
@@ -380,26 +520,22 @@ def load_sparse_state_dict(
     """
     _check_byte_order()
     info, data = _read(path, with_data=True)
-    state: dict[str, Tensor] = {}
-    offset = 0
-    for record in info.tensors:
-        size = record.stored_bytes
-        state[record.name] = _decode_record(record, data[offset : offset + size])
-        offset += size
-    return state, info
+    return _decode_all(info, data), info
 
 
-def _check_architecture(
-    model: nn.Module, state: Mapping[str, Tensor], info: SparseFileInfo
-) -> None:
-    """Raise a ``ValueError`` naming every difference between file and model."""
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
+def _check_architecture(model: nn.Module, info: SparseFileInfo, hint: str = "") -> None:
+    """Raise a ``ValueError`` naming every difference between the file's tensors and the model's.
+
+    Reads shapes only, so ``model`` may live on the ``meta`` device.
+    """
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    declared = {r.name: r.shape for r in info.tensors}
+    missing = [k for k in expected if k not in declared]
+    unexpected = [k for k in declared if k not in expected]
     shapes = [
-        f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+        f"{k}: file {declared[k]} vs model {expected[k]}"
         for k in expected
-        if k in state and state[k].shape != expected[k].shape
+        if k in declared and declared[k] != expected[k]
     ]
     if not (missing or unexpected or shapes):
         return
@@ -414,7 +550,6 @@ def _check_architecture(
         problems.append(f"missing from the file: {listing(missing)}")
     if unexpected:
         problems.append(f"not in the model: {listing(unexpected)}")
-    hint = ""
     if any("parametrizations." in k for k in missing + unexpected):
         hint = " (one side has parametrizations: finalize the Pruner or load into a plain model)"
     model_spec = getattr(model, MODEL_SPEC_ATTR, None)
@@ -449,17 +584,47 @@ def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) ->
             a model of another architecture, or ``model=None`` with a file
             that has no model spec.
     """
-    state, info = load_sparse_state_dict(path)
+    _check_byte_order()
+    info, data = _read(path, with_data=True)
     if model is None:
-        spec = info.model_spec
-        if not spec or "name" not in spec:
-            raise ValueError(
-                f"{info.path} has no model spec (the model did not come from create_model); "
-                "pass the model to load into: load_sparse(path, model)"
-            )
-        from feather_sparse.models import create_model
-
-        model = create_model(str(spec["name"]), **dict(spec.get("kwargs") or {}))
-    _check_architecture(model, state, info)
-    model.load_state_dict(state, strict=True)
+        model = _model_from_spec(info)
+    _check_architecture(model, info)
+    model.load_state_dict(_decode_all(info, data), strict=True)
     return model
+
+
+def _model_from_spec(info: SparseFileInfo) -> nn.Module:
+    """Build the model the file's spec names, once its tensors are known to fit it.
+
+    The spec is first built on the ``meta`` device (shapes, no memory) and
+    checked against the tensors the header declares, so an edited or damaged
+    spec (say, a width that makes a 600 MB model) fails before anything is
+    allocated.
+    """
+    spec = info.model_spec
+    if not spec or "name" not in spec:
+        raise ValueError(
+            f"{info.path} has no model spec (the model did not come from create_model); "
+            "pass the model to load into: load_sparse(path, model)"
+        )
+    from feather_sparse.models import create_model  # looked up late: tests stand a zoo in
+
+    name, kwargs = str(spec["name"]), dict(spec.get("kwargs") or {})
+    try:
+        with torch.device("meta"):
+            skeleton = create_model(name, **kwargs)
+    except Exception:  # cannot be built on meta: the check runs after the real build
+        logger.debug("%s cannot be built on the meta device", _describe_spec(spec), exc_info=True)
+    else:
+        _check_architecture(
+            skeleton,
+            info,
+            hint=" (the file's model spec does not fit its own tensors: "
+            "the header was edited or damaged; pass the model to load into)",
+        )
+    try:
+        return create_model(name, **kwargs)
+    except TypeError as err:
+        raise ValueError(
+            f"{info.path}: its model spec {_describe_spec(spec)} cannot be built ({err})"
+        ) from None

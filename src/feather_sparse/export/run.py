@@ -1,22 +1,31 @@
 """The model to export, from a run folder, a training checkpoint or a ``.fsp`` file.
 
 What ``feather-sparse export`` reads, without the command line: find the file
-in a run folder, tell a ``.fsp`` from a training checkpoint, and rebuild the
-model with its pruning baked in.
+in a run folder, tell a ``.fsp`` from a training checkpoint by its first bytes,
+and rebuild the model with its pruning baked in.
+
+Export means what the run is: a finished run is finalized at its target
+sparsity (what ``model.fsp`` holds); a run that stopped early keeps the
+thresholds its forward uses at that point (the schedule's current sparsity),
+never the final target unless one is asked for explicitly.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from feather_sparse.export.fsp import inspect_sparse, load_sparse
+from feather_sparse.export.fsp import inspect_sparse, load_sparse, sniff
 
-__all__ = ["load_export_source", "resolve_source"]
+__all__ = ["ExportSource", "load_export_source", "resolve_source"]
+
+logger = logging.getLogger(__name__)
 
 #: Format name of the training loop's checkpoints (``RUN_DIR/checkpoints/last.pt``).
 _TRAIN_CHECKPOINT_FORMAT = "feather-sparse-checkpoint"
@@ -37,61 +46,183 @@ def resolve_source(source: Path) -> Path:
     return source
 
 
-def _is_safetensors(path: Path) -> bool:
-    with path.open("rb") as f:
-        head = f.read(9)
-    # 8-byte little-endian header length, then the JSON header.
-    return len(head) == 9 and head[8:9] == b"{"
+@dataclass(frozen=True)
+class ExportSource:
+    """A model ready to export, and what its user should know about it.
+
+    Attributes:
+        model: the model in eval mode, pruning baked in (plain exact zeros).
+        metadata: JSON-able facts to store in the ``.fsp`` header.
+        path: the file it was read from.
+        epoch: epochs the run had done (``None`` when unknown).
+        epochs: epochs the run was planned for (``None`` when unknown).
+        finished: whether the run had finished (a ``.fsp`` always has).
+        progress: where the run stopped, for people: ``"epoch 3 of 20"`` (or
+            ``"step 40 of 400"`` when the epochs are unknown).
+        baked: which thresholds were baked: ``"target"`` (finished run, its
+            target sparsity), ``"current"`` (unfinished run, the thresholds
+            in use), ``"requested"`` (an explicit sparsity), or ``None`` (no
+            Pruner to bake: a dense run or a ``.fsp``).
+        sparsity: fraction of zeros in the pruned weights after baking
+            (``None`` when nothing was baked).
+        target: the run's final target sparsity (``None`` without a Pruner).
+        warning: one line the user must see, or ``None``.
+    """
+
+    model: nn.Module
+    metadata: dict[str, Any]
+    path: Path
+    epoch: int | None = None
+    epochs: int | None = None
+    finished: bool = True
+    progress: str | None = None
+    baked: Literal["target", "current", "requested"] | None = None
+    sparsity: float | None = None
+    target: float | None = None
+    warning: str | None = None
 
 
-def _model_from_training_checkpoint(path: Path) -> tuple[nn.Module, dict[str, Any]]:
-    """Rebuild the model of a training checkpoint and bake its pruning in."""
+def _read_training_checkpoint(path: Path) -> dict[str, Any]:
     # TODO(merge): use train.checkpoint.load_checkpoint instead of reading the file here.
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise ValueError(f"{path} is not a readable training checkpoint: {err}") from None
+    except Exception as err:  # torch raises many kinds; its advice here would mislead
+        logger.debug("torch.load(%s) failed", path, exc_info=True)
+        raise ValueError(
+            f"{path} is not a readable training checkpoint: it is damaged or was not "
+            f"written by feather-sparse ({type(err).__name__})"
+        ) from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
         raise ValueError(f"{path} is not a feather-sparse training checkpoint (no model/config)")
     if ckpt.get("format", _TRAIN_CHECKPOINT_FORMAT) != _TRAIN_CHECKPOINT_FORMAT:
         raise ValueError(
             f"{path} has format {ckpt.get('format')!r}, not {_TRAIN_CHECKPOINT_FORMAT!r}"
         )
-    spec = (ckpt["config"] or {}).get("model")
+    return ckpt
+
+
+def _optional_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _from_training_checkpoint(path: Path, sparsity: float | None) -> ExportSource:
+    """Rebuild the model of a training checkpoint and bake its pruning in."""
+    ckpt = _read_training_checkpoint(path)
+    config = ckpt["config"] or {}
+    spec = config.get("model")
     if not isinstance(spec, dict) or "name" not in spec:
         raise ValueError(f"{path}: its config has no model entry {{'name', 'kwargs'}}")
-    from feather_sparse.models import create_model
+    from feather_sparse.models import create_model  # looked up late: tests stand a zoo in
 
     model = create_model(str(spec["name"]), **dict(spec.get("kwargs") or {}))
     model.load_state_dict(ckpt["model"], strict=True)
-    if ckpt.get("pruner") is not None:
+
+    state = ckpt.get("pruner")
+    epoch, epochs = _optional_int(ckpt.get("epoch")), _optional_int(config.get("epochs"))
+    progress = None
+    if epoch is not None and epochs is not None:
+        finished, progress = epoch >= epochs, f"epoch {epoch} of {epochs}"
+    elif state is not None:  # no epoch count: the Pruner's own step count says
+        step, total = int(state["step"]), int(state["config"]["total_steps"])
+        finished, progress = step >= total, f"step {step} of {total}"
+    else:
+        finished = True  # nothing says otherwise
+
+    baked: Literal["target", "current", "requested"] | None = None
+    achieved = target = None
+    warning = None
+    if state is None:
+        if sparsity is not None:
+            raise ValueError(
+                f"{path} is a dense run (no Pruner): a sparsity can only be chosen for a sparse run"
+            )
+    else:
         from feather_sparse.pruner import Pruner
 
-        # The Pruner rebuilt from its saved config and state; finalize()
-        # recomputes T at the target sparsity and writes P_T(w) into the weights.
-        Pruner.from_state_dict(model, ckpt["pruner"]).finalize()
-    metadata = {
+        pruner = Pruner.from_state_dict(model, state)
+        target = float(pruner.sparsity)
+        if sparsity is not None:
+            if not 0.0 <= sparsity < 1.0:
+                raise ValueError(f"the sparsity to export at must be in [0, 1), got {sparsity}")
+            trained = f"trained at sparsity {pruner.sparsity_achieved():.4f}"
+            if progress is not None:
+                trained += f" to {progress}"
+            baked, achieved = "requested", pruner.finalize(sparsity)
+            if not finished or sparsity != target:
+                warning = (
+                    f"exported at sparsity {sparsity:g}, but the weights were not trained for it "
+                    f"(target {target:g}; {trained}); check the accuracy before using it"
+                )
+        elif finished:
+            # finalize() recomputes T at the target and writes P_T(w): what model.fsp holds.
+            baked, achieved = "target", pruner.finalize()
+        else:
+            # The thresholds the forward uses now, baked as they are: the model
+            # is exported as it stands, not pruned further than it was trained.
+            baked, achieved = "current", pruner.sparsity_achieved()
+            pruned = pruner.dense_state_dict(pruned=True)
+            pruner.remove()
+            model.load_state_dict(pruned, strict=True)
+    metadata: dict[str, Any] = {
         "source": str(path),
         "epoch": ckpt.get("epoch"),
         "step": ckpt.get("step"),
+        "finished": finished,
+        "baked": baked,
+        "sparsity": achieved,
         "config": ckpt["config"],
     }
     try:
         json.dumps(metadata)
     except (TypeError, ValueError):
         metadata["config"] = None
-    return model.eval(), metadata
+    return ExportSource(
+        model=model.eval(),
+        metadata=metadata,
+        path=path,
+        epoch=epoch,
+        epochs=epochs,
+        finished=finished,
+        progress=progress,
+        baked=baked,
+        sparsity=achieved,
+        target=target,
+        warning=warning,
+    )
 
 
-def load_export_source(source: Path) -> tuple[nn.Module, dict[str, Any]]:
-    """The model in eval mode and the metadata to store with it, from a file to export.
+def load_export_source(source: Path, sparsity: float | None = None) -> ExportSource:
+    """The model to export from a ``.fsp`` or a training checkpoint, with what to tell the user.
+
+    A finished run is finalized at its target sparsity. A run that stopped
+    early is exported with the thresholds its forward uses at that point (the
+    schedule's current sparsity): :attr:`ExportSource.finished` is ``False``
+    and :attr:`ExportSource.sparsity` says what it reached.
 
     Args:
         source: a ``.fsp`` file or a training checkpoint (see :func:`resolve_source`).
+        sparsity: finalize a training checkpoint at this sparsity instead;
+            :attr:`ExportSource.warning` says so when the weights were not
+            trained for it (an unfinished run, or another sparsity than the
+            target).
+
+    Raises:
+        ValueError: if ``source`` is neither kind of file, is damaged, or
+            ``sparsity`` does not apply to it.
     """
-    if _is_safetensors(source):
+    kind = sniff(source)
+    if kind == "safetensors":
+        if sparsity is not None:
+            raise ValueError(
+                f"{source} is a finalized sparse checkpoint: a sparsity can only be chosen "
+                "when exporting a training checkpoint"
+            )
         model = load_sparse(source)
         metadata: dict[str, Any] = dict(inspect_sparse(source).metadata)
-    else:
-        model, metadata = _model_from_training_checkpoint(source)
-    return model.eval(), metadata
+        return ExportSource(model=model.eval(), metadata=metadata, path=source)
+    if kind == "zip":
+        return _from_training_checkpoint(source, sparsity)
+    raise ValueError(
+        f"{source} is not a feather-sparse file: neither a sparse checkpoint (.fsp) nor a "
+        "training checkpoint (.pt); it is damaged or another kind of file"
+    )
