@@ -67,7 +67,9 @@ def _draw_curves(
     xticklabels: Sequence[str] | None,
     errorbars: bool,
 ) -> None:
-    ticks = list(curves[0].x) if curves and categorical_x else []
+    # Categorical ticks: every x value of any curve, in order (a curve may lack some,
+    # e.g. when the runs of a cell failed).
+    ticks = sorted({v for curve in curves for v in curve.x}) if categorical_x else []
     for curve in curves:
         xs: list[float] = (
             [float(ticks.index(v)) for v in curve.x] if categorical_x else list(curve.x)
@@ -85,6 +87,10 @@ def _draw_curves(
         if std > 0 and not math.isnan(std):
             ax.axhspan(mean - std, mean + std, color="black", alpha=0.08, linewidth=0)
     if categorical_x:
+        if xticklabels is not None and len(xticklabels) != len(ticks):
+            raise ValueError(
+                f"xticklabels: {len(xticklabels)} labels for {len(ticks)} distinct x values"
+            )
         ax.set_xticks(range(len(ticks)))
         ax.set_xticklabels(list(xticklabels) if xticklabels else [f"{t:g}" for t in ticks])
     elif xticklabels is not None:
@@ -119,10 +125,11 @@ def plot_curves(
         baseline: ``(label, mean, std)`` drawn as a horizontal line with a band
             (e.g. the dense model's accuracy).
         xscale: e.g. ``"log"``.
-        categorical_x: place the x values of the first curve at equal spacing
-            (for sparsities 0.9/0.95/0.98/0.99, whose differences matter less
-            than their order); every curve must then share those x values.
-        xticklabels: labels of the x ticks (with ``categorical_x``).
+        categorical_x: place the distinct x values of all curves at equal
+            spacing, in order (for sparsities 0.9/0.95/0.98/0.99, whose
+            differences matter less than their order).
+        xticklabels: labels of the x ticks (with ``categorical_x``), one per
+            distinct x value.
         errorbars: draw error bars at the points instead of a shaded band.
     """
     fig, ax = _figure()

@@ -1,17 +1,44 @@
-"""Running an experiment end to end: plan its runs, train the missing ones, write its page."""
+"""Running experiments end to end: plan their runs, train the missing ones, write the pages."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from feather_sparse.bench.experiments import EXPERIMENTS, Experiment
 from feather_sparse.bench.options import BenchOptions
-from feather_sparse.bench.pages import Context, write_page
-from feather_sparse.bench.runner import ProgressFn, execute_runs
+from feather_sparse.bench.pages import Context, record_session, write_page
+from feather_sparse.bench.runner import ProgressFn, RunOutcome, RunSpec, execute_runs
 
-__all__ = ["ExperimentResult", "run_experiment"]
+__all__ = ["ExperimentResult", "plan_experiments", "run_experiment", "train_experiments"]
+
+
+def plan_experiments(names: Sequence[str | Experiment], opts: BenchOptions) -> list[RunSpec]:
+    """Every run of these experiments, each planned with its own options (``for_experiment``)."""
+    specs = []
+    for name in names:
+        experiment: Experiment = EXPERIMENTS.get(name)
+        planned = experiment.plan(opts.for_experiment(experiment.name))
+        specs += [replace(s, experiment=experiment.name) for s in planned]
+    return specs
+
+
+def train_experiments(
+    names: Sequence[str | Experiment], opts: BenchOptions, on_progress: ProgressFn | None = None
+) -> tuple[int, float]:
+    """Train the missing runs of several experiments in one pool; ``(runs trained, seconds)``.
+
+    One pool over the union of their runs keeps every worker busy to the end
+    (per experiment, the last runs of each would leave workers idle); the
+    pages are then written from the stored results by :func:`run_experiment`.
+    """
+    specs = plan_experiments(names, opts)
+    _, trained, elapsed = execute_runs(opts, specs, on_progress)
+    if trained:
+        record_session(opts.out, [EXPERIMENTS.get(n).name for n in names], trained, elapsed)
+    return trained, elapsed
 
 
 @dataclass(frozen=True)
@@ -26,6 +53,7 @@ class ExperimentResult:
         trained: runs trained by this call (the rest were reused).
         failed: runs that raised.
         wall_time: seconds this call took, training and summary.
+        failures: the outcomes of the runs that raised.
     """
 
     name: str
@@ -35,6 +63,7 @@ class ExperimentResult:
     trained: int
     failed: int
     wall_time: float
+    failures: tuple[RunOutcome, ...] = ()
 
 
 def run_experiment(
@@ -59,8 +88,11 @@ def run_experiment(
     """
     experiment: Experiment = EXPERIMENTS.get(name)
     started = time.perf_counter()
-    specs = experiment.plan(opts)
+    opts = opts.for_experiment(experiment.name)
+    specs = plan_experiments([experiment], opts)
     pairs, trained, elapsed = execute_runs(opts, specs, on_progress)
+    if trained:
+        record_session(opts.out, [experiment.name], trained, elapsed)
     ctx = Context(
         name=experiment.name,
         opts=opts,
@@ -74,12 +106,14 @@ def run_experiment(
     title = f"{experiment.title} ({experiment.paper})"
     page = write_page(ctx, title, body)
     unique = {o.key: o for _, o in pairs}
+    failures = tuple(o for o in unique.values() if not o.ok)
     return ExperimentResult(
         name=experiment.name,
         page=page,
         figures=tuple(figures),
         runs=len(unique),
         trained=trained,
-        failed=sum(not o.ok for o in unique.values()),
+        failed=len(failures),
         wall_time=time.perf_counter() - started,
+        failures=failures,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,11 @@ class BenchOptions:
         force: re-run runs that already have a result.
         command: the command line to print under the tables (default: rebuilt
             from these options).
+        suite: the name of the suite these options come from (see
+            :mod:`feather_sparse.bench.suites`), for the pages; ``None`` for none.
+        per_experiment: experiment name -> fields of these options that differ
+            for that experiment (a suite's smaller ablation grids); see
+            :meth:`for_experiment`.
     """
 
     recipe: str = DEFAULT_BENCH_RECIPE
@@ -75,8 +80,18 @@ class BenchOptions:
     runs_dir: Path | None = None
     force: bool = False
     command: str | None = None
+    suite: str | None = None
+    per_experiment: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        names = {f.name for f in fields(self)} - {"per_experiment"}
+        for experiment, changes in self.per_experiment.items():
+            unknown = sorted(set(changes) - names)
+            if unknown:
+                raise ValueError(
+                    f"per_experiment[{experiment!r}]: {', '.join(unknown)} are not bench "
+                    f"options; choose from: {', '.join(sorted(names))}"
+                )
         if not self.seeds:
             raise ValueError("seeds: give at least one seed")
         if any(s < 0 for s in self.seeds):
@@ -94,6 +109,11 @@ class BenchOptions:
             raise ValueError(f"jobs must be >= 0 (0 = automatic), got {self.jobs}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+    def for_experiment(self, name: str) -> BenchOptions:
+        """These options as experiment ``name`` runs them (with its ``per_experiment`` fields)."""
+        changes = self.per_experiment.get(name)
+        return replace(self, **changes) if changes else self
 
     @property
     def run_seeds(self) -> tuple[int, ...]:

@@ -11,9 +11,11 @@ import json
 import math
 import platform
 import shlex
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,8 +28,22 @@ from feather_sparse.bench.options import (
     usable_cpus,
 )
 from feather_sparse.bench.runner import RunOutcome, RunSpec, jsonable
+from feather_sparse.bench.stats import CONFIDENCE, paired_difference
+from feather_sparse.bench.suites import SUITES
 
-__all__ = ["Context", "Grid", "img", "machine_description", "pct", "write_page"]
+__all__ = [
+    "SWEEP_LOG",
+    "Context",
+    "Grid",
+    "img",
+    "machine_description",
+    "pct",
+    "record_session",
+    "write_page",
+]
+
+#: The results folder's log of training sessions (one JSON object a line).
+SWEEP_LOG = "sweep.jsonl"
 
 
 def machine_description(workers: int | None = None, threads: int | str | None = None) -> str:
@@ -65,6 +81,7 @@ class Grid:
         rows: Sequence[str] | None = None,
     ) -> None:
         self.values: dict[tuple[str, float], list[float]] = {}
+        self.by_seed: dict[tuple[str, float], dict[int, float]] = {}
         self.failed: dict[tuple[str, float], int] = {}
         self.rows: list[str] = list(rows) if rows is not None else []
         self.cols: list[float] = []
@@ -79,6 +96,7 @@ class Grid:
             self.values.setdefault(cell, [])
             if outcome.ok and math.isfinite(metric(outcome)):
                 self.values[cell].append(metric(outcome))
+                self.by_seed.setdefault(cell, {})[spec.seed] = metric(outcome)
             else:
                 self.failed[cell] = self.failed.get(cell, 0) + 1
         self.cols.sort()
@@ -128,6 +146,54 @@ class Grid:
             lines.append(f"| {r} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
+    def paired_table(
+        self,
+        row_title: str,
+        col_label: Callable[[float], str],
+        reference: str | Callable[[float], str | None],
+        fmt: str = "{:+.2f}",
+    ) -> str:
+        """A Markdown table of each row minus the reference row, paired over seeds.
+
+        Each cell is the mean difference, its 95 % Student-t interval and the
+        verdict (``win``/``loss`` when the interval excludes 0, else ``n.s.``;
+        see :mod:`feather_sparse.bench.stats`).
+
+        Args:
+            row_title: the first column's title.
+            col_label: a column's title from its value.
+            reference: the reference row, or a function giving it per column
+                (``None`` where there is none).
+            fmt: the number format of the differences.
+        """
+        lines = [
+            f"| {row_title} | " + " | ".join(col_label(c) for c in self.cols) + " |",
+            "|---|" + "---:|" * len(self.cols),
+        ]
+        for r in self.rows:
+            cells = []
+            for c in self.cols:
+                ref = reference(c) if callable(reference) else reference
+                if ref is None or (r, c) not in self.values or (ref, c) not in self.values:
+                    cells.append("")
+                    continue
+                if r == ref:
+                    cells.append("reference")
+                    continue
+                d = paired_difference(self.by_seed.get((r, c), {}), self.by_seed.get((ref, c), {}))
+                if d.n == 0:
+                    cells.append("—")
+                elif d.n == 1:
+                    cells.append(f"{fmt.format(d.mean)} (one seed)")
+                else:
+                    verdict = d.verdict if d.verdict == "n.s." else f"**{d.verdict}**"
+                    cells.append(
+                        f"{fmt.format(d.mean)} [{fmt.format(d.low)}, {fmt.format(d.high)}] "
+                        f"{verdict}"
+                    )
+            lines.append(f"| {r} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
     def curves_by_row(self) -> list[Curve]:
         """One curve per row, x = the columns (cells without values left out)."""
         out = []
@@ -152,6 +218,17 @@ def pct(x: float) -> str:
 def img(path: Path, alt: str) -> str:
     """A Markdown image line for a figure written beside the page."""
     return f"![{alt}]({path.name})\n"
+
+
+def paired_caption(reference: str, unit: str = "points of top-1 accuracy") -> str:
+    """The sentence above a :meth:`Grid.paired_table`."""
+    level = f"{100 * CONFIDENCE:g} %"
+    return (
+        f"Paired difference to {reference}, in {unit} (row minus reference, same seed and "
+        f"sparsity): mean [{level} Student-t interval over the seeds both finished]. "
+        f"**win** / **loss**: the interval lies above / below 0 (the row is better / worse "
+        f"than {reference}); n.s.: it contains 0, not separable with these seeds.\n\n"
+    )
 
 
 # ======================================================================= pages
@@ -212,33 +289,78 @@ def _footer(ctx: Context) -> str:
             f"- **{len(failed)} run(s) failed**: "
             + "; ".join(f"{o.key}: {o.error}" for o in failed[:5])
         )
+    sessions = read_sessions(ctx.out)
+    if sessions:
+        trained = sum(int(s.get("trained", 0)) for s in sessions)
+        seconds = sum(float(s.get("seconds", 0.0)) for s in sessions)
+        lines.append(
+            f"- sweep wall time: {seconds / 60:.1f} min in all, {trained} runs trained in "
+            f"{len(sessions)} session(s) that wrote to this folder (`{SWEEP_LOG}`)"
+        )
+    if ctx.opts.suite is not None:
+        lines.append(f"- suite `{ctx.opts.suite}`: {SUITES.get(ctx.opts.suite).rule}")
     if ctx.opts.quick:
         lines.append("- **--quick smoke run**: too short to mean anything; only checks the code")
     return "\n".join(lines) + "\n"
 
 
 def _rebuild_command(name: str, opts: BenchOptions) -> str:
+    """The command line of these options: flags that differ from the defaults (or the suite's)."""
     args = ["feather-sparse", "bench", name]
+    if opts.suite is not None:
+        args += ["--suite", opts.suite]
+        ref = BenchOptions(**SUITES.get(opts.suite).options_fields({})).for_experiment(name)
+    else:
+        ref = BenchOptions(recipe=DEFAULT_BENCH_RECIPE, seeds=DEFAULT_SEEDS, out=Path("results"))
     if opts.quick:
         args.append("--quick")
-    if opts.recipe != DEFAULT_BENCH_RECIPE:
+    if opts.recipe != ref.recipe:
         args += ["--recipe", opts.recipe]
     for key, value in opts.overrides.items():
         args += ["--set", f"{key}={value}"]
-    if opts.seeds != DEFAULT_SEEDS:
+    if opts.seeds != ref.seeds:
         args += ["--seeds", ",".join(map(str, opts.seeds))]
-    for flag, values in (
-        ("--sparsities", opts.sparsities),
-        ("--thetas", opts.thetas),
-        ("--ps", opts.ps),
+    for flag, values, default in (
+        ("--sparsities", opts.sparsities, ref.sparsities),
+        ("--thetas", opts.thetas, ref.thetas),
+        ("--ps", opts.ps, ref.ps),
     ):
-        if values:
+        if values and tuple(values) != tuple(default or ()):
             args += [flag, ",".join(f"{v:g}" for v in values)]
     if opts.methods:
         args += ["--methods", ",".join(opts.methods)]
-    if opts.out != Path("results"):
+    if opts.out != ref.out:
         args += ["--out", str(opts.out)]
     return shlex.join(args)
+
+
+def record_session(out: Path, experiments: Sequence[str], trained: int, seconds: float) -> None:
+    """Append one training session (runs trained, wall time) to ``OUT/sweep.jsonl``."""
+    out.mkdir(parents=True, exist_ok=True)
+    entry = {
+        "experiments": list(experiments),
+        "trained": trained,
+        "seconds": round(seconds, 1),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    with (out / SWEEP_LOG).open("a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def read_sessions(out: Path) -> list[dict[str, Any]]:
+    """The sessions of ``OUT/sweep.jsonl`` (unreadable lines skipped)."""
+    file = out / SWEEP_LOG
+    if not file.is_file():
+        return []
+    sessions = []
+    for line in file.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            sessions.append(entry)
+    return sessions
 
 
 def write_page(ctx: Context, title: str, body: str) -> Path:

@@ -17,6 +17,7 @@ import math
 import multiprocessing
 import shutil
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,17 +30,21 @@ from feather_sparse._version import __version__
 from feather_sparse.analysis import MaskStabilityRecorder, count_flops, layer_sparsity
 from feather_sparse.bench.feather_gmp import register_methods
 from feather_sparse.bench.options import BenchOptions
-from feather_sparse.data import DATASETS
-from feather_sparse.models import list_models
+from feather_sparse.data import DATASETS, load_dataset
+from feather_sparse.models import create_model, list_models
 from feather_sparse.recipes import TrainConfig, load_config
 
 __all__ = [
     "OUTCOME_FORMAT",
+    "TRACEBACK_FILE",
     "ProgressFn",
     "RunOutcome",
+    "RunPlan",
     "RunSpec",
+    "check_data",
     "execute_runs",
     "jsonable",
+    "plan_runs",
     "run_key",
 ]
 
@@ -47,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 #: Result files of this format (bump when RunOutcome changes incompatibly).
 OUTCOME_FORMAT = "feather-sparse-bench-run/1"
+#: Where a failed run leaves its traceback (the console gets one line per run).
+TRACEBACK_FILE = "traceback.txt"
 
 
 @dataclass(frozen=True)
@@ -58,12 +65,15 @@ class RunSpec:
         x: its column (a sparsity, θ or p; 0 for the dense model).
         seed: the training seed.
         settings: the config fields the experiment sets for this cell.
+        experiment: the experiment that planned it (for progress lines); the
+            driver fills it in.
     """
 
     group: str
     x: float
     seed: int
     settings: Mapping[str, Any]
+    experiment: str = ""
 
 
 @dataclass(frozen=True)
@@ -239,7 +249,9 @@ def _execute(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
             stability_changed=stability.changed,
         )
     except Exception as err:  # one bad run must not stop a sweep; it is reported
-        logger.exception("run %s failed", key)
+        logger.debug("run %s failed", key, exc_info=True)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / TRACEBACK_FILE).write_text(traceback.format_exc())
         outcome = RunOutcome(
             key=key,
             config=config,
@@ -276,6 +288,85 @@ def _check_names(configs: Sequence[Mapping[str, Any]]) -> None:
             )
 
 
+#: Data and model settings this process has built once (see :func:`check_data`).
+_BUILT: set[str] = set()
+
+
+def check_data(configs: Sequence[Mapping[str, Any]]) -> None:
+    """Build each distinct data set and model of ``configs`` once, so that missing
+    data stops a sweep with one error before any run starts (instead of failing
+    every run). Settings built before in this process are not built again.
+
+    Raises:
+        FileNotFoundError: when the data is not on disk (the message says how to
+            provide it).
+        ValueError: for bad data options or model settings.
+    """
+    for cfg in configs:
+        keys = ("dataset", "data_dir", "data_options", "model", "model_kwargs")
+        what = json.dumps(jsonable({k: cfg[k] for k in keys}), sort_keys=True)
+        if what in _BUILT:
+            continue
+        try:
+            bundle = load_dataset(
+                cfg["dataset"],
+                data_dir=cfg["data_dir"],
+                batch_size=cfg["batch_size"],
+                device="cpu",
+                seed=cfg["seed"],
+                **cfg["data_options"],
+            )
+        except (FileNotFoundError, ValueError) as err:
+            raise type(err)(f"no run started: {err}") from err
+        try:
+            create_model(cfg["model"], num_classes=bundle.num_classes, **cfg["model_kwargs"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"no run started: model {cfg['model']}: {err}") from err
+        _BUILT.add(what)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The distinct runs of some specs, and which of them have a stored result.
+
+    Attributes:
+        keys: each spec's run key (specs with the same config share one).
+        stored: key -> outcome of the runs finished earlier (reused).
+        todo: key -> config of the runs to train.
+    """
+
+    keys: tuple[str, ...]
+    stored: Mapping[str, RunOutcome]
+    todo: Mapping[str, dict[str, Any]]
+
+    @property
+    def distinct(self) -> int:
+        return len(self.stored) + len(self.todo)
+
+
+def plan_runs(opts: BenchOptions, specs: Sequence[RunSpec]) -> RunPlan:
+    """Resolve every spec's config and key, and look up the stored results.
+
+    Raises:
+        ValueError: for an unknown method, model or data set, or an override
+            of a field the experiment varies.
+    """
+    configs = [_config_dict(opts, s) for s in specs]
+    _check_names(configs)
+    keys = [run_key(c) for c in configs]
+    stored: dict[str, RunOutcome] = {}
+    todo: dict[str, dict[str, Any]] = {}
+    for key, cfg in zip(keys, configs):
+        if key in stored or key in todo:
+            continue
+        found = None if opts.force else _load_outcome(opts.runs_path / key)
+        if found is not None and found.ok:
+            stored[key] = found
+        else:
+            todo[key] = cfg
+    return RunPlan(tuple(keys), stored, todo)
+
+
 # ======================================================================= pool
 ProgressFn = Callable[[int, int, RunSpec, RunOutcome], None]
 
@@ -286,23 +377,23 @@ def execute_runs(
     """Run every spec that has no result yet; return ``(pairs, runs executed, seconds)``.
 
     Runs execute in ``opts.worker_count()`` spawned processes (in this process
-    when that is 1). Identical configs are trained once.
+    when that is 1). Identical configs are trained once. Before the first run,
+    each distinct data set and model is built once: missing data is one error,
+    not a failure of every run.
+
+    Raises:
+        ValueError: as :func:`plan_runs`, or when the data or model cannot be built.
+        FileNotFoundError: when the data is not on disk.
     """
-    configs = [_config_dict(opts, s) for s in specs]
-    _check_names(configs)
-    keys = [run_key(c) for c in configs]
+    plan = plan_runs(opts, specs)
+    keys = list(plan.keys)
     root = opts.runs_path
-    outcomes: dict[str, RunOutcome] = {}
-    todo: dict[str, dict[str, Any]] = {}
-    for key, cfg in zip(keys, configs):
-        if key in outcomes or key in todo:
-            continue
-        found = None if opts.force else _load_outcome(root / key)
-        if found is not None and found.ok:
-            outcomes[key] = found
-        else:
-            todo[key] = cfg
-    spec_of = {k: s for k, s in zip(keys, specs)}
+    outcomes: dict[str, RunOutcome] = dict(plan.stored)
+    todo = plan.todo
+    check_data(list(todo.values()))
+    spec_of: dict[str, RunSpec] = {}
+    for k, s in zip(keys, specs):
+        spec_of.setdefault(k, s)
     total, done = len(todo), 0
     started = time.perf_counter()
     workers = min(opts.worker_count(), max(1, total))
@@ -325,7 +416,13 @@ def execute_runs(
         context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
         with futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             pending = [pool.submit(_execute, cfg, str(root / key)) for key, cfg in todo.items()]
-            for fut in futures.as_completed(pending):
-                finished(fut.result())
+            try:
+                for fut in futures.as_completed(pending):
+                    finished(fut.result())
+            except BaseException:
+                # Ctrl-C: start no queued run (leaving the pool would wait for them);
+                # the finished ones are stored, and the next call continues from there.
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     elapsed = time.perf_counter() - started
     return [(s, outcomes[k]) for s, k in zip(specs, keys)], total, elapsed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,12 @@ from feather_sparse.bench import (
     BenchOptions,
     RunOutcome,
     RunSpec,
-    execute_runs,
     run_experiment,
 )
+from feather_sparse.bench.driver import plan_experiments, train_experiments
 from feather_sparse.bench.experiments.compare import COMPARE_METHODS
+from feather_sparse.bench.runner import TRACEBACK_FILE, check_data, plan_runs
+from feather_sparse.bench.suites import SUITES
 from feather_sparse.recipes import list_recipes, parse_override
 
 __all__ = ["add_arguments", "options_from_args", "run"]
@@ -51,13 +54,30 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     names = EXPERIMENTS.names()
-    parser.epilog = "experiments:\n" + "\n".join(
-        f"  {e.name:<15} {e.title} ({e.paper})" for e in (EXPERIMENTS.get(n) for n in names)
+    parser.epilog = (
+        "experiments:\n"
+        + "\n".join(
+            f"  {e.name:<15} {e.title} ({e.paper})" for e in (EXPERIMENTS.get(n) for n in names)
+        )
+        + "\n\nsuites (--suite NAME; flags given explicitly override the suite's values):\n"
+        + "\n".join(
+            textwrap.fill(
+                s.summary, width=79, initial_indent=f"  {s.name:<15} ", subsequent_indent=" " * 18
+            )
+            for s in map(SUITES.get, SUITES.names())
+        )
     )
     parser.add_argument(
         "experiment", choices=[*names, "all"], metavar="EXPERIMENT", help="|".join(names) + "|all"
     )
     parser.add_argument("--quick", action="store_true", help="CI-sized smoke run")
+    parser.add_argument(
+        "--suite",
+        choices=SUITES.names(),
+        default=None,
+        help="a named sweep: recipe, seeds, sparsities, output folder and jobs (see below); "
+        "with 'all', the suite's experiments",
+    )
     scale = parser.add_argument_group("scale (every run)")
     scale.add_argument(
         "--recipe", default=None, help=f"training recipe (name or .toml) [{DEFAULT_BENCH_RECIPE}]"
@@ -78,7 +98,7 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         help="any other recipe field for every run (repeatable)",
     )
     grid = parser.add_argument_group("grid")
-    grid.add_argument("--seeds", type=_ints, default=DEFAULT_SEEDS, help="seeds [0,1,2]")
+    grid.add_argument("--seeds", type=_ints, default=None, help="seeds [0,1,2]")
     grid.add_argument(
         "--sparsities", type=_floats, default=None, help="sparsity columns [0.9,0.95,0.98,0.99]"
     )
@@ -93,13 +113,13 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--jobs",
         type=int,
-        default=0,
+        default=None,
         help="parallel runs [usable cores // threads per run; 1 on a GPU]",
     )
     run.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads per run [the recipe's]"
     )
-    run.add_argument("--out", default="results", help="folder of tables and plots [results]")
+    run.add_argument("--out", default=None, help="folder of tables and plots [results]")
     run.add_argument("--runs-dir", default=None, help="folder of the runs [OUT/runs]")
     run.add_argument("--force", action="store_true", help="re-run runs that have results")
 
@@ -120,55 +140,114 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         if value is not None:
             overrides[key] = value
     methods = tuple(m.strip() for m in args.methods.split(",")) if args.methods else None
+    # The flags given: they override a suite's values, and the defaults apply to the rest.
+    given: dict[str, Any] = {
+        "recipe": recipe,
+        "seeds": tuple(args.seeds) if args.seeds is not None else None,
+        "sparsities": args.sparsities,
+        "jobs": args.jobs,
+        "threads": args.threads,
+        "out": Path(args.out) if args.out is not None else None,
+        "runs_dir": Path(args.runs_dir) if args.runs_dir else None,
+    }
+    explicit = {k: v for k, v in given.items() if v is not None}
+    fields: dict[str, Any] = {"recipe": DEFAULT_BENCH_RECIPE, "seeds": DEFAULT_SEEDS}
+    if args.suite is not None:
+        fields.update(SUITES.get(args.suite).options_fields(explicit))
+    else:
+        fields.update(explicit)
     return BenchOptions(
-        recipe=recipe or DEFAULT_BENCH_RECIPE,
         overrides=overrides,
-        seeds=tuple(args.seeds),
-        sparsities=args.sparsities,
         thetas=args.thetas,
         ps=args.ps,
         methods=methods,
         quick=args.quick,
-        jobs=args.jobs,
-        threads=args.threads,
-        out=Path(args.out),
-        runs_dir=Path(args.runs_dir) if args.runs_dir else None,
         force=args.force,
+        **fields,
     )
+
+
+def _experiment_names(args: argparse.Namespace) -> list[str]:
+    if args.experiment != "all":
+        return [args.experiment]
+    if args.suite is not None:
+        return list(SUITES.get(args.suite).experiments)
+    return EXPERIMENTS.names()
+
+
+def _progress(done: int, total: int, spec: RunSpec, outcome: RunOutcome) -> None:
+    """One line per finished run, e.g. ``[17/240] compare GMP s=0.99 seed 3: top-1 ...``."""
+    status = (
+        f"top-1 {100 * outcome.test_accuracy:.2f} %, sparsity {100 * outcome.sparsity:.2f} %"
+        if outcome.ok
+        else f"FAILED: {outcome.error}"
+    )
+    cell = (
+        f"{spec.group} seed {spec.seed}"
+        if spec.group == "dense"
+        else (f"{spec.group} s={spec.x:g} seed {spec.seed}")
+    )
+    print(
+        f"[{done}/{total}] {spec.experiment} {cell}: {status} ({outcome.wall_time:.1f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _announce(names: list[str], opts: BenchOptions) -> None:
+    """Check the data, then print how many runs there are to train (and a time estimate)."""
+    plan = plan_runs(opts, plan_experiments(names, opts))
+    check_data(list(plan.todo.values()))
+    todo = len(plan.todo)
+    workers = min(opts.worker_count(), max(1, todo))
+    threads = opts.base_config().threads or "default"
+    what = f"suite {opts.suite}: " if opts.suite else ""
+    line = (
+        f"{what}{', '.join(names)}: {plan.distinct} distinct runs, {len(plan.stored)} stored, "
+        f"{todo} to train in {workers} process(es) × {threads} thread(s)"
+    )
+    times = [o.wall_time for o in plan.stored.values() if o.ok]
+    if todo and times:
+        mean = sum(times) / len(times)
+        minutes = mean * todo / workers / 60
+        line += f"; about {minutes:.0f} min at the stored runs' {mean:.1f} s a run"
+    print(line, file=sys.stderr, flush=True)
 
 
 def run(command: str, args: argparse.Namespace) -> int:
     """Run ``feather-sparse bench``; prints one line per finished run and the pages written."""
     opts = options_from_args(args)
-    names = EXPERIMENTS.names() if args.experiment == "all" else [args.experiment]
-
-    def progress(done: int, total: int, spec: RunSpec, outcome: RunOutcome) -> None:
-        status = (
-            f"top-1 {100 * outcome.test_accuracy:.2f} %, sparsity {100 * outcome.sparsity:.2f} %"
-            if outcome.ok
-            else f"FAILED: {outcome.error}"
-        )
+    names = _experiment_names(args)
+    try:
+        return _run(names, opts)
+    except KeyboardInterrupt:
         print(
-            f"[{done}/{total}] {spec.group} @ {spec.x:g} seed {spec.seed}: {status} "
-            f"({outcome.wall_time:.1f} s)",
+            f"\nstopped; the finished runs are stored in {opts.runs_path}: "
+            "run the same command again to continue",
             file=sys.stderr,
-            flush=True,
         )
+        return 130
 
+
+def _run(names: list[str], opts: BenchOptions) -> int:
+    _announce(names, opts)
     pool: tuple[int, float] | None = None
     if len(names) > 1:
-        # One pool over the union of every experiment's runs keeps all cores busy
-        # to the end; the pages are then written from the stored results.
-        specs = [spec for name in names for spec in EXPERIMENTS.get(name).plan(opts)]
-        _, trained, elapsed = execute_runs(opts, specs, progress)
+        trained, elapsed = train_experiments(names, opts, _progress)
         print(f"all: {trained} runs trained in {elapsed / 60:.1f} min")
         pool = (trained, elapsed) if trained else None
-    failed = 0
+    failures: dict[str, RunOutcome] = {}
     for name in names:
-        result = run_experiment(name, opts, progress, pool)
-        failed += result.failed
+        result = run_experiment(name, opts, _progress, pool)
+        failures.update((o.key, o) for o in result.failures)
         print(
             f"{name}: {result.runs} runs ({result.trained} trained, {result.failed} failed) in "
             f"{result.wall_time / 60:.1f} min -> {result.page}"
         )
-    return 1 if failed else 0
+    for key, outcome in failures.items():
+        print(
+            f"failed run {key}: {outcome.error} "
+            f"(traceback: {opts.runs_path / key / TRACEBACK_FILE})",
+            file=sys.stderr,
+        )
+    return 1 if failures else 0

@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from feather_sparse.bench.experiments.base import PAPER_SPARSITIES, Experiment, accuracy, cells
+from feather_sparse.bench.experiments.base import (
+    PAPER_SPARSITIES,
+    Experiment,
+    accuracy,
+    cells,
+    sparsity_ticks,
+)
 from feather_sparse.bench.feather_gmp import FEATHER_GMP
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img, pct
@@ -34,6 +40,7 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         ("GMP backbone (uniform)", [curves[k] for k in ("GMP", "Feather-GMP") if k in curves]),
         ("ASL+ backbone", [curves[k] for k in ("ASL+", "Feather-ASL+") if k in curves]),
     ]
+    ticks = {tuple(sparsity_ticks(group)) for _, group in panels}
     fig = plot_panels(
         panels,
         ctx.figure("accuracy"),
@@ -41,7 +48,9 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         ylabel="top-1 accuracy (%)",
         title="Feather on other pruning backbones",
         categorical_x=True,
-        xticklabels=[pct(c) for c in acc.cols],
+        # one set of labels for both panels; when failed runs leave them different
+        # x values, each panel falls back to the plain numbers
+        xticklabels=list(next(iter(ticks))) if len(ticks) == 1 else None,
     )
     body = (
         "Each backbone with its own thresholding (GMP: hard mask, no gradient to pruned "

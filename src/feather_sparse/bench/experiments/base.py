@@ -10,7 +10,7 @@ from typing import Any
 
 from feather_sparse.analysis import Curve, mean_std
 from feather_sparse.bench.options import BenchOptions
-from feather_sparse.bench.pages import Context, Grid, pct
+from feather_sparse.bench.pages import Context, Grid, paired_caption, pct
 from feather_sparse.bench.runner import RunOutcome, RunSpec
 from feather_sparse.plots import plot_curves
 
@@ -81,6 +81,16 @@ def accuracy(o: RunOutcome) -> float:
     return 100.0 * o.test_accuracy
 
 
+def paired_section(
+    grid: Grid,
+    row_title: str,
+    reference: str | Callable[[float], str | None],
+    reference_name: str,
+) -> str:
+    """The paired-difference table of ``grid`` against ``reference``, with its caption."""
+    return paired_caption(reference_name) + grid.paired_table(row_title, pct, reference) + "\n\n"
+
+
 def dense_line(ctx: Context) -> str:
     """The dense model's accuracy as a sentence above a table ("" without dense runs)."""
     dense = [o for _, o in ctx.of_group(DENSE) if o.ok]
@@ -104,16 +114,22 @@ def accuracy_vs_sparsity_plot(
     ctx: Context, grid: Grid, title: str, suffix: str = "accuracy"
 ) -> Path:
     """One line per row of ``grid`` over the sparsity columns, the dense model as a baseline."""
+    curves = grid.curves_by_row()
     return plot_curves(
-        grid.curves_by_row(),
+        curves,
         ctx.figure(suffix),
         xlabel="sparsity",
         ylabel="top-1 accuracy (%)",
         title=title,
         baseline=dense_baseline(ctx),
         categorical_x=True,
-        xticklabels=[pct(c) for c in grid.cols],
+        xticklabels=sparsity_ticks(curves),
     )
+
+
+def sparsity_ticks(curves: Sequence[Curve]) -> list[str]:
+    """Labels of the categorical sparsity axis: every x of any curve, in order."""
+    return [pct(x) for x in sorted({x for curve in curves for x in curve.x})]
 
 
 def panels_over_theta(

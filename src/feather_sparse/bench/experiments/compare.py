@@ -13,6 +13,7 @@ from feather_sparse.bench.experiments.base import (
     cells,
     dense_line,
     dense_runs,
+    paired_section,
 )
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img, pct
@@ -31,6 +32,10 @@ COMPARE_METHODS: dict[str, dict[str, Any]] = {
     "soft-STE": {"method": "soft"},
     "non-STE": {"method": "nonste"},
 }
+
+
+#: The row every other method is compared with, seed by seed.
+REFERENCE = "Feather-Global"
 
 
 def _selected_methods(opts: BenchOptions) -> dict[str, dict[str, Any]]:
@@ -62,6 +67,7 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         + dense_line(ctx)
         + acc.table("method", pct)
         + "\n\n"
+        + (paired_section(acc, "method", REFERENCE, REFERENCE) if REFERENCE in rows else "")
         + img(fig, "accuracy vs sparsity")
         + "\nAchieved sparsity (%) of the pruned layers after `finalize()`:\n\n"
         + achieved.table("method", pct, fmt="{:.2f}", best=None)

@@ -11,6 +11,7 @@ from feather_sparse.bench.experiments.base import (
     accuracy,
     accuracy_vs_sparsity_plot,
     cells,
+    paired_section,
 )
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img, pct
@@ -26,6 +27,10 @@ OPERATOR_ROWS: dict[str, dict[str, Any]] = {
 }
 
 
+#: The row the other operators are compared with, seed by seed: Feather's own.
+REFERENCE = "Feather (p = 3)"
+
+
 def plan(opts: BenchOptions) -> list[RunSpec]:
     return cells(opts, OPERATOR_ROWS, opts.sparsity_grid(PAPER_SPARSITIES))
 
@@ -38,6 +43,7 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         "backbone. Top-1 accuracy (%), mean ± std over seeds; best per column in bold.\n\n"
         + acc.table("operator", pct)
         + "\n\n"
+        + paired_section(acc, "operator", REFERENCE, f"the {REFERENCE} operator")
         + img(fig, "accuracy vs sparsity per operator")
     )
     return body, [fig]

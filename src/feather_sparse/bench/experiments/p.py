@@ -11,6 +11,7 @@ from feather_sparse.bench.experiments.base import (
     accuracy,
     accuracy_vs_sparsity_plot,
     cells,
+    paired_section,
 )
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img, pct
@@ -52,6 +53,11 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         "best per column in bold.\n\n"
         + acc.table("p", pct)
         + "\n\n"
+        + (
+            paired_section(acc, "p", _p_label(3.0), "Feather's p = 3")
+            if 3.0 in _ps(ctx.opts)
+            else ""
+        )
         + img(fig, "accuracy vs sparsity per p")
         + "\nThe operators (paper Fig. 1b), T = 1:\n\n"
         + img(family, "the thresholding family")

@@ -10,6 +10,7 @@ from feather_sparse.bench.experiments.base import (
     Experiment,
     accuracy,
     cells,
+    paired_section,
     panels_over_theta,
     theta_label,
     thetas,
@@ -18,8 +19,13 @@ from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img, pct
 from feather_sparse.bench.runner import RunSpec
 from feather_sparse.plots import plot_panels
+from feather_sparse.pruner import auto_theta
 
 __all__ = ["EXPERIMENT"]
+
+
+#: What the paired table compares with: Feather's default θ, as the rows show it.
+AUTO_NAME = "θ auto (the θ the paper's rule picks at each sparsity)"
 
 
 def plan(opts: BenchOptions) -> list[RunSpec]:
@@ -33,6 +39,13 @@ def plan(opts: BenchOptions) -> list[RunSpec]:
 def summarize(ctx: Context) -> tuple[str, list[Path]]:
     values = thetas(ctx.opts, PAPER_THETAS)
     acc = Grid(ctx.pairs, accuracy, [theta_label(t) for t in values])
+    rule = ctx.opts.base_config().theta_rule
+
+    def auto_row(sparsity: float) -> str | None:
+        # Feather's default, θ "auto", trains exactly as the θ the rule picks.
+        label = theta_label(auto_theta(sparsity, rule))
+        return label if label in acc.rows else None
+
     fig = plot_panels(
         panels_over_theta(ctx, {"Feather": acc}, values),
         ctx.figure("accuracy"),
@@ -47,6 +60,7 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         "below 95 % and θ = 0.5 from 95 % on.\n\n"
         + acc.table("θ", pct)
         + "\n\n"
+        + paired_section(acc, "θ", auto_row, AUTO_NAME)
         + img(fig, "accuracy vs theta")
     )
     return body, [fig]
