@@ -1,9 +1,13 @@
-"""Shared pytest configuration: fixed seeds, and the `gpu` marker skips without CUDA."""
+"""Shared pytest configuration: fixed seeds, one thread on request, `gpu` skips without CUDA."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
+
+from _helpers import one_thread as _one_thread_block
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -18,3 +22,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """The test runs on one intra-op thread (``pytest.mark.usefixtures("one_thread")``)."""
+    with _one_thread_block():
+        yield

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 import feather_sparse as fs
+from _helpers import conv1d_net
 from feather_sparse.selection import select_threshold
 
 STEPS = 12
@@ -33,15 +34,7 @@ class SpyBackbone(fs.GlobalBackbone):
 
 
 def _model(device: str) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv1d(2, 8, 5, padding=2),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(8 * 16, 64),
-        nn.ReLU(),
-        nn.Linear(64, 4),
-    ).to(device)
+    return conv1d_net(seed=0, hidden=64).to(device)
 
 
 def _train(device: str, dtype: torch.dtype | None) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -16,6 +16,8 @@ from torch import nn
 import feather_sparse as fs
 from feather_sparse.backbones import allocate, flops_scale
 from feather_sparse.selection import count_at_most
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class SmallCNN(nn.Module):
@@ -65,16 +67,6 @@ def macs(model: nn.Module, pruner: fs.Pruner, size: int = 32) -> tuple[int, floa
     for h in handles:
         h.remove()
     return sum(dense.values()), sum(v * density.get(n, 1.0) for n, v in dense.items())
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # These models are tiny: one thread is fastest, and it avoids the heavy
-    # slowdown of oversubscribed threads on a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def layer_zeros(pruner: fs.Pruner) -> list[int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,8 @@ from torch import nn
 
 import feather_sparse as fs
 from feather_sparse.baselines import SpartanBackbone, st3_rescale
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 METHOD_NAMES = ["feather", "gmp", "hard", "nonste", "soft", "spartan", "st3"]
 
@@ -47,15 +48,6 @@ class SmallCNN(nn.Module):
         x = F.relu(self.conv1(x))
         x = F.relu(self.conv2(x))
         return self.fc(x.mean((2, 3)))
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny models: one thread is fastest and avoids oversubscription on a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,26 +18,15 @@ from torch import Tensor, nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import feather_sparse as fs
+from _helpers import conv1d_net
 
 STEPS = 6
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv1d(2, 8, 5, padding=2),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(8 * 16, 32),
-        nn.ReLU(),
-        nn.Linear(32, 4),
-    )
 
 
 def _train(backend: str | None, theta: float = 0.5) -> dict[str, Any]:
     """STEPS steps of SGD on fixed batches, eager (``backend=None``) or compiled."""
     torch._dynamo.reset()
-    model = _model()
+    model = conv1d_net()
     pruner = fs.Pruner(model, sparsity=0.8, total_steps=STEPS, theta=theta)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     counter = CompileCounterWithBackend(backend) if backend else None

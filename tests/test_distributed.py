@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 import feather_sparse as fs
 from _dist import free_port, launch
+from _helpers import conv1d_net
 from feather_sparse import selection
 from feather_sparse.backbones import layer_thresholds_at_most
 from feather_sparse.schedules import ConstantSchedule
@@ -105,18 +106,6 @@ def _scenario_select(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
-def _model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Conv1d(2, 8, 5, padding=2),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(8 * 16, 32),
-        nn.ReLU(),
-        nn.Linear(32, 4),
-    )
-
-
 def _batch(rank: int, step: int) -> tuple[Tensor, Tensor]:
     """A different batch on every rank and step (as a sharded loader gives)."""
     g = torch.Generator().manual_seed(1000 * step + rank)
@@ -134,7 +123,7 @@ def _mask_digest(pruner: fs.Pruner) -> list[int]:
 
 def _train_ddp(rank: int, pruner_first: bool) -> dict[str, Any]:
     # A different initialisation on every rank: DDP must broadcast rank 0's.
-    model = _model(seed=rank)
+    model = conv1d_net(seed=rank)
     kwargs = {"sparsity": SPARSITY, "total_steps": STEPS, "schedule": "cubic"}
     if pruner_first:
         pruner = fs.Pruner(model, **kwargs)
@@ -166,7 +155,7 @@ def _scenario_fsdp2(rank: int, world: int) -> dict[str, Any]:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    model = _model(seed=0)  # the same weights on every rank, as FSDP2 expects
+    model = conv1d_net(seed=0)  # the same weights on every rank, as FSDP2 expects
     reference = copy.deepcopy(model)
     out: dict[str, Any] = {}
     # The Pruner must be attached before sharding; after, it says so.
@@ -235,7 +224,7 @@ def _prunable(model: nn.Module) -> list[nn.Module]:
 
 def _scenario_stages(rank: int, world: int) -> Tensor:
     """Layers split over ranks by hand (plain tensors): the group goes to the backbone."""
-    stage = nn.ModuleList(_prunable(_model(seed=0))[rank::world])
+    stage = nn.ModuleList(_prunable(conv1d_net(seed=0))[rank::world])
     backbone = fs.GlobalBackbone(process_group=dist.group.WORLD)
     pruner = fs.Pruner(
         stage, sparsity=SPARSITY, total_steps=1, schedule=ConstantSchedule(), backbone=backbone
@@ -285,7 +274,7 @@ def _fsdp2_other_backbones() -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for name in ("uniform", "global-flops"):
-        model = _model(seed=0)
+        model = conv1d_net(seed=0)
         pruner = fs.Pruner(model, sparsity=SPARSITY, total_steps=1, backbone=name)
         fully_shard(model)
         try:
@@ -370,7 +359,7 @@ def test_sharded_layer_caps(runs: list[dict[str, Any]]) -> None:
 
 
 def test_layers_split_over_ranks_share_one_global_threshold(runs: list[dict[str, Any]]) -> None:
-    weights = [m.weight.detach() for m in _prunable(_model(seed=0))]
+    weights = [m.weight.detach() for m in _prunable(conv1d_net(seed=0))]
     expected = selection.select_threshold(weights, SPARSITY)
     assert all(torch.equal(runs[r]["stages"], expected) for r in range(WORLD))
     # ...which is not what either rank would pick from its own layers alone
@@ -429,7 +418,7 @@ def test_fsdp2_masks_survive_sharding(runs: list[dict[str, Any]]) -> None:
 
 
 def test_fsdp2_uniform_backbone_equals_single_process(runs: list[dict[str, Any]]) -> None:
-    model = _model(seed=0)
+    model = conv1d_net(seed=0)
     pruner = fs.Pruner(model, sparsity=SPARSITY, total_steps=1, backbone="uniform")
     pruner.update(SPARSITY)
     expected = pruner.thresholds()

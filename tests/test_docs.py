@@ -19,7 +19,8 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
-import torch
+
+from _helpers import one_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,10 +146,6 @@ def test_self_contained_snippets_run(
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert blocks
     monkeypatch.chdir(tmp_path)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared CPU
-    try:
+    with one_thread():
         for i, block in enumerate(blocks):
             exec(compile(block, f"{page}[python block {i}]", "exec"), {"__name__": "__docs__"})
-    finally:
-        torch.set_num_threads(threads)

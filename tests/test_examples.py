@@ -5,12 +5,10 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-import torch
 from torch import nn
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -23,16 +21,6 @@ def load(name: str) -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up here
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    # Tiny models run fastest on one thread, and on a shared CPU several
-    # threads spin against each other.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.usefixtures("one_thread")

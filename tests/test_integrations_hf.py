@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
+from _helpers import one_thread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -139,14 +140,10 @@ class Runs:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     out = tmp_path_factory.mktemp("hf")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: one thread is fastest, and spares a shared CPU
-    try:
+    with one_thread():
         full = train(out)
         checkpoint = out / f"checkpoint-{SAVE_STEPS}"
         resumed = train(out, resume=str(checkpoint))
-    finally:
-        torch.set_num_threads(threads)
     return Runs(full, resumed, checkpoint)
 
 

@@ -21,6 +21,7 @@ pl = pytest.importorskip(
     reason="lightning is not installed (pip install 'feather-sparse[lightning]')",
 )
 
+from _helpers import one_thread  # noqa: E402
 from feather_sparse.integrations.lightning import FeatherCallback  # noqa: E402
 
 pytestmark = [
@@ -104,14 +105,10 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: one thread is fastest, and spares a shared CPU
-    try:
+    with one_thread():
         full = fit(tmp_path_factory.mktemp("full"))
         checkpoint = full.root / "ckpt" / f"epoch=0-step={STEPS_PER_EPOCH}.ckpt"
         resumed = fit(tmp_path_factory.mktemp("resumed"), ckpt_path=str(checkpoint))
-    finally:
-        torch.set_num_threads(threads)
     return Runs(full, resumed, checkpoint)
 
 

@@ -9,7 +9,6 @@ from the spec ``create_model`` attaches to it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -29,18 +28,10 @@ from feather_sparse.models import (
 from feather_sparse.models.densenet import DenseNet
 from feather_sparse.models.resnet_cifar import CifarResNet
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 PAPER_MODELS = {"resnet20", "mobilenet_v1", "mobilenet_v1_imagenet", "densenet40_24", "resnet50"}
 LAYERS_WITHOUT_BN = (nn.Conv1d, nn.Conv2d, nn.Linear)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # The inputs here are tiny, so intra-op threads buy nothing; on a shared,
-    # busy machine they spin against each other and make the file 5-10x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def count_all(model: nn.Module) -> int:

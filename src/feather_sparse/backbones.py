@@ -470,55 +470,14 @@ class _ThresholdSurrogate(torch.autograd.Function):
 class ASLPlusBackbone(Backbone):
     """ASL+: per-layer thresholds learned through a Gaussian sparsity loss, made exact.
 
-    ASL (Retsinas et al. 2021): each prunable tensor ``l`` has a trainable
-    scalar ``r_l``; its threshold is ``b_l = clamp(r_l, 0, r_max)·σ_l`` (``σ_l``
-    the detached standard deviation of its weights), which, for Gaussian
-    weights, prunes a fraction ``erf(r_l/√2)``. The sparsity loss is::
+    ASL (Retsinas et al. 2021) with the paper's additions (§3): the schedule's
+    sparsity as the loss's target and a sorting-based correction. The loss,
+    the threshold's gradient and why the correction has this form are in the
+    guide, ``docs/guide/concepts.md`` ("ASL+: learned thresholds, made exact").
 
-        λ · (D − (1 − s(t)))²,   D = Σ N_l (1 − erf(r_l/√2)) / Σ N_l
-
-    and the task loss reaches ``r_l`` through the pruned weights,
-    ``∂L/∂r_l = σ_l · Σ_{pruned} g_i · (−w_i / T_l)`` (ASL's surrogate:
-    raising the threshold is taken to shrink each pruned weight toward zero
-    in proportion to its value, :class:`_ThresholdSurrogate`; the kept weights
-    contribute nothing, which avoids the singular derivative of ``P_T`` near
-    ``|w| = T``, and it works with any operator). ASL+ (the paper, §3) adds the sparsity
-    schedule — the loss's target is the schedule's ``s(t)``, not the final
-    ``S`` — and a sorting-based correction so that the achieved sparsity is
-    exactly what is asked.
-
-    The correction (its form is not published; this is the choice made
-    here). At each update the learned ``r_l`` give per-layer sparsities
-    ``s_l = erf(clamp(r_l)/√2)``. If they prune more than ``K = round(s(t)·N)``
-    weights in total, the sparsities are scaled down by one common factor;
-    if fewer, the *densities* ``1 − s_l`` are. Counts are made whole by the
-    largest remainder so that they sum to exactly ``K`` (:func:`allocate`),
-    and each ``T_l`` is set to the exact k_l-th smallest ``|w_l|`` — the
-    sorting step. Why this form: the loss is written in per-layer
-    sparsities, so what ASL learns is an allocation of the sparsity budget
-    among layers; the Gaussian assumption errs in the map from ``r_l`` to
-    the fraction actually pruned, not in that allocation. A common factor
-    keeps the learned allocation (the ratios between layers) and fixes only
-    the total, and the exact per-layer quantile removes the Gaussian error,
-    so the total is exact whatever the weight distribution. Scaling the
-    quantity in excess (sparsity when there is too much, density when too
-    little) keeps every ``s_l`` in ``[0, 1]`` without clipping, is
-    continuous where the two meet (factor 1), and never prunes a layer
-    entirely unless its own ``r_l`` says so; scaling sparsities alone
-    would, when a large layer has ``r_l = 0``, push the small layers to
-    100 %. Also rejected: scaling the Gaussian thresholds ``b_l`` by one
-    global factor (a ranking of ``|w|/b_l``), which keeps threshold ratios
-    instead; they depend on the distribution's tails, and a layer with
-    ``r_l = 0`` could never be pruned.
-
-    The forward threshold is the exact ``T_l``; its gradient reaches ``r_l``
-    as if it were ``b_l`` (``∂T_l/∂r_l = σ_l``, which is exact for Gaussian
-    weights when the rescale factor is 1); the rescale factor and ``σ_l`` are
-    treated as constants, as ASL treats ``σ_l``.
-
-    Training the thresholds: give :meth:`parameters` to the optimizer with
-    their own learning rate (ASL uses ``lr/100``, :data:`ASL_LR_SCALE`) and no
-    weight decay, and add :meth:`regularizer` to the loss::
+    Give :meth:`parameters` to the optimizer with their own learning rate
+    (ASL uses ``lr/100``, :data:`ASL_LR_SCALE`) and no weight decay, and add
+    :meth:`regularizer` to the loss::
 
         optimizer.add_param_group({"params": pruner.parameters(),
                                    "lr": lr * fs.ASL_LR_SCALE, "weight_decay": 0.0})
@@ -530,10 +489,6 @@ class ASLPlusBackbone(Backbone):
             ``√2·erfinv(0.6·S)`` with ``S`` the Pruner's final target.
         r_max: upper clamp of ``r_l`` (ASL: 5, i.e. at most 99.99994 % of a
             layer from the Gaussian model).
-
-    The sparsity loss uses ``r_l`` unclamped (``erf`` is smooth and odd), so
-    an ``r_l`` pushed below 0 while the schedule's target is near 0 still
-    receives a gradient and comes back; the thresholds use the clamped value.
     """
 
     name = "asl+"

@@ -146,9 +146,8 @@ class OutputCache:
 
     On CPU a fresh weight-sized output costs one page fault per 4 KiB page
     when first written, because the allocator hands large blocks back to the
-    operating system when they are freed: about 45 ms per 50M float32
-    weights on this project's CPU machine, a fifth of the operator's time
-    (``benchmarks/bench_train_step.py``). The Pruner keeps one cache per
+    operating system when they are freed: for 50M float32 weights, a fifth
+    of the operator's time in ``benchmarks/bench_train_step.py``. The Pruner keeps one cache per
     weight; the previous output's memory is written again only when nothing
     references it any more (the autograd graph that saved it is gone), so a
     tensor a caller still holds is never overwritten — otherwise a fresh

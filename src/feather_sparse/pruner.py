@@ -20,7 +20,6 @@ Usage, like an LR scheduler::
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import re
@@ -32,6 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from feather_sparse import distributed
 from feather_sparse._version import __version__
 from feather_sparse.backbones import (
     BACKBONES,
@@ -391,13 +391,8 @@ class Pruner:
                     "attached, or another parametrization is): call pruner.remove() or "
                     "pruner.finalize() on the earlier Pruner first"
                 )
-        if _fsdp_managed(model, targets):
-            raise ValueError(
-                "the model's prunable weights are already sharded by FSDP2 (fully_shard): attach "
-                "the Pruner to the unsharded model first, then call fully_shard (FSDP2 tracks "
-                "each parameter where it was registered, and the Pruner's parametrization moves it)"
-            )
-        ddp_indices = _ddp_reducer_indices(model)
+        distributed.refuse_sharded_model(model, [t.weight for t in targets])
+        ddp_indices = distributed.ddp_reducer_indices(model)
         devices = {t.weight.device for t in targets}
         if len(devices) > 1 and self.backbone.name.startswith("global"):
             raise ValueError(
@@ -441,9 +436,9 @@ class Pruner:
         except Exception:
             for t in attached:  # leave the model as we found it
                 parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
-            _reconnect_ddp(ddp_indices, [t.weight for t in attached])
+            distributed.reconnect_ddp(ddp_indices, [t.weight for t in attached])
             raise
-        _reconnect_ddp(ddp_indices, [t.weight for t in targets])
+        distributed.reconnect_ddp(ddp_indices, [t.weight for t in targets])
         self._current = self.scheduled_sparsity(0)
         logger.info(
             "Feather pruner attached to %d tensors (%s weights), target sparsity %.4g, theta %.3g",
@@ -493,34 +488,12 @@ class Pruner:
         return [t.weight for t in self.targets]
 
     def _local_weights(self) -> tuple[list[Tensor], ProcessGroup | None]:
-        """This rank's part of each prunable weight (detached) and the group it is sharded over.
+        """This rank's part of each prunable weight and the group it is sharded over.
 
-        Plain tensors are whole weights (replicated under DDP): group None.
-        DTensors (FSDP2) give their local shard and
-        ``process_group`` or their mesh's group. A replicated weight among
-        sharded ones is counted on the group's rank 0 only (an empty view
-        elsewhere), so every weight counts once.
+        See :func:`feather_sparse.distributed.local_weights`; plain tensors
+        (also under DDP) are whole weights with group None.
         """
-        weights = [w.detach() for w in self.weights()]
-        dtensor = _dtensor_type()
-        if dtensor is None or not any(isinstance(w, dtensor) for w in weights):
-            return weights, None
-        group = self.process_group
-        if group is None:
-            group = _common_shard_group([w for w in weights if isinstance(w, dtensor)])
-        if group is None:  # DTensors replicated on every mesh dimension
-            return [_to_local(w) if isinstance(w, dtensor) else w for w in weights], None
-        import torch.distributed as dist
-
-        first = dist.get_rank(group) == 0
-        local = []
-        for w in weights:
-            if isinstance(w, dtensor) and _shard_group(w) is not None:
-                local.append(_to_local(w))
-            else:
-                whole = _to_local(w) if isinstance(w, dtensor) else w
-                local.append(whole if first else whole.reshape(-1)[:0])
-        return local, group
+        return distributed.local_weights(self.weights(), self.process_group)
 
     def _layer_zeros(self) -> list[int]:
         weights, group = self._local_weights()
@@ -530,10 +503,7 @@ class Pruner:
                 for i, (w, th) in enumerate(zip(weights, self.thresholds()))
             ]
         )
-        if group is not None:
-            import torch.distributed as dist
-
-            dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+        distributed.all_reduce_sum(counts, group)
         return [int(c) for c in counts.tolist()]
 
     def sparsity_achieved(self) -> float:
@@ -635,7 +605,7 @@ class Pruner:
         """
         maxima = measured if measured is not None else torch.stack([_abs_max(w) for w in weights])
         if group is not None:
-            maxima = _all_reduce_max(maxima, group)
+            maxima = distributed.all_reduce_max(maxima, group)
         return maxima
 
     def _check_finite(self, maxima: Tensor) -> None:
@@ -702,7 +672,7 @@ class Pruner:
                 parametrization; see ``docs/distributed.md`` for the recipe).
         """
         self._check_attached()
-        self._check_unshardable("finalize")
+        distributed.check_unsharded(self.model, self.weights(), "finalize")
         target = self.sparsity if sparsity is None else float(sparsity)
         self.update(target)
         for t in self.targets:
@@ -710,10 +680,7 @@ class Pruner:
         self._finished = True
         weights, group = self._local_weights()
         counts = torch.stack([torch.count_nonzero(w == 0) for w in weights])
-        if group is not None:
-            import torch.distributed as dist
-
-            dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+        distributed.all_reduce_sum(counts, group)
         zeros = int(counts.sum())
         achieved = zeros / self.num_params
         expected = round(target * self.num_params)
@@ -737,18 +704,10 @@ class Pruner:
     def remove(self) -> None:
         """Detach without baking: the model gets its dense weights back."""
         self._check_attached()
-        self._check_unshardable("remove")
+        distributed.check_unsharded(self.model, self.weights(), "remove")
         for t in self.targets:
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
         self._finished = True
-
-    def _check_unshardable(self, what: str) -> None:
-        if _fsdp_managed(self.model, self.targets):
-            raise RuntimeError(
-                f"{what}() needs unsharded weights, but FSDP2 shards them: take "
-                "pruner.dense_state_dict(pruned=True) (DTensors; .full_tensor() gathers one) and "
-                "load it into an unsharded copy of the model (docs/distributed.md shows how)"
-            )
 
     def _check_attached(self) -> None:
         if self._finished:
@@ -775,7 +734,7 @@ class Pruner:
                 continue
             plain = _join(t.name, "weight")
             if pruned:
-                out[plain] = _on_local_shard(self._parametrization(t), value).detach()
+                out[plain] = distributed.on_local_shard(self._parametrization(t), value).detach()
             else:
                 out[plain] = value
         return out
@@ -899,130 +858,6 @@ class Pruner:
         )
 
 
-def _dtensor_type() -> type | None:
-    """``torch.distributed.tensor.DTensor``, or None where torch has no distributed support."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - builds without torch.distributed
-        return None
-    return DTensor
-
-
-def _to_local(w: Any) -> Tensor:
-    """A DTensor's local shard (a plain tensor view, no communication)."""
-    local: Tensor = w.to_local()
-    return local
-
-
-def _ddp_reducer_indices(model: nn.Module) -> list[tuple[Any, dict[int, int]]]:
-    """Per ``DistributedDataParallel`` inside ``model``: where each parameter sits in its reducer.
-
-    Needed when the Pruner is attached *after* DDP wrapping (see
-    :func:`_reconnect_ddp`); taken before attaching, in DDP's own order (the
-    trainable, non-ignored parameters, in ``named_parameters`` order).
-
-    Raises:
-        ValueError: for DDP options under which the reconnection is not sound.
-    """
-    from torch.nn.parallel import DistributedDataParallel
-
-    out = []
-    for ddp in model.modules():
-        if not isinstance(ddp, DistributedDataParallel):
-            continue
-        if (
-            ddp.find_unused_parameters
-            or ddp.static_graph
-            or getattr(ddp, "mixed_precision", None) is not None
-            or not hasattr(ddp.reducer, "_autograd_hook")
-        ):
-            raise ValueError(
-                "attach the Pruner before wrapping the model in DistributedDataParallel when DDP "
-                "uses find_unused_parameters, static_graph or mixed_precision: "
-                "pruner = Pruner(model, ...); model = DistributedDataParallel(model)"
-            )
-        ignore = ddp.parameters_to_ignore
-        order = [p for n, p in ddp.module.named_parameters() if p.requires_grad and n not in ignore]
-        out.append((ddp, {id(p): i for i, p in enumerate(order)}))
-    return out
-
-
-def _fire_ddp_hook(ddp: Any, index: int, param: Tensor) -> None:
-    ddp.reducer._autograd_hook(index)
-
-
-def _reconnect_ddp(indices: list[tuple[Any, dict[int, int]]], params: Sequence[Tensor]) -> None:
-    """Reconnect DDP's gradient hooks to weights that a parametrization has re-set.
-
-    ``register_parametrization`` keeps each weight's ``Parameter`` object but
-    re-sets it in place (``Tensor.set_``), which gives it a fresh gradient
-    accumulator. DDP hooked the old one at construction, so its all-reduce
-    would never fire for these weights. Hooks registered on the tensor itself
-    (``register_post_accumulate_grad_hook``) survive such resets; each tells
-    the reducer that the weight's gradient is ready, as DDP does for its own
-    mixed-precision parameters.
-    """
-    for ddp, index in indices:
-        for p in params:
-            i = index.get(id(p))
-            if i is not None:
-                p.register_post_accumulate_grad_hook(functools.partial(_fire_ddp_hook, ddp, i))
-
-
-def _fsdp_managed(model: nn.Module, targets: Sequence[PruneTarget]) -> bool:
-    """Whether FSDP2 (``fully_shard``) has sharded any of the prunable weights."""
-    dtensor = _dtensor_type()
-    if dtensor is None or not any(isinstance(t.weight, dtensor) for t in targets):
-        return False
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch without FSDP2
-        return False
-    return any(isinstance(m, FSDPModule) for m in model.modules())
-
-
-def _on_local_shard(fn: Callable[[Tensor], Tensor], w: Tensor) -> Tensor:
-    """``fn(w)`` for an elementwise ``fn``; a DTensor's shards are mapped where they lie."""
-    dtensor = _dtensor_type()
-    if dtensor is None or not isinstance(w, dtensor):
-        return fn(w)
-    d: Any = w
-    local = fn(d.to_local())
-    out: Tensor = dtensor.from_local(  # type: ignore[attr-defined]
-        local, d.device_mesh, d.placements, run_check=False, shape=d.shape, stride=d.stride()
-    )
-    return out
-
-
-def _shard_group(w: Any) -> ProcessGroup | None:
-    """The group of the one mesh dimension a DTensor is sharded on (None: replicated)."""
-    dims = [i for i, p in enumerate(w.placements) if p.is_shard()]
-    if not dims:
-        return None
-    if len(dims) > 1:
-        raise ValueError(
-            f"a prunable weight is sharded on {len(dims)} mesh dimensions {tuple(w.placements)}; "
-            "pass Pruner(process_group=...) with the group spanning them"
-        )
-    group: ProcessGroup = w.device_mesh.get_group(dims[0])
-    return group
-
-
-def _common_shard_group(weights: Sequence[Any]) -> ProcessGroup | None:
-    import torch.distributed as dist
-
-    groups = [g for g in (_shard_group(w) for w in weights) if g is not None]
-    if not groups:
-        return None
-    ranks = {tuple(dist.get_process_group_ranks(g)) for g in groups}
-    if len(ranks) > 1:
-        raise ValueError(
-            f"the prunable weights are sharded over different process groups {sorted(ranks)}; "
-            "pass Pruner(process_group=...) with the one group to select over"
-        )
-    return groups[0]
-
-
 def _abs_max(w: Tensor) -> Tensor:
     """``max |w|`` as float32 (0 for an empty shard), NaN if ``w`` holds a NaN.
 
@@ -1032,16 +867,6 @@ def _abs_max(w: Tensor) -> Tensor:
         return torch.zeros((), dtype=torch.float32, device=w.device)
     lo, hi = torch.aminmax(w)
     return torch.maximum(-lo.float(), hi.float())
-
-
-def _all_reduce_max(maxima: Tensor, group: ProcessGroup) -> Tensor:
-    """Elementwise max over the group, keeping NaN (a max reduction may drop it)."""
-    import torch.distributed as dist
-
-    finite = torch.isfinite(maxima)
-    both = torch.stack([torch.where(finite, maxima, 0.0), (~finite).float()])
-    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
-    return torch.where(both[1] > 0, math.nan, both[0])
 
 
 def _overrides(obj: object, method: str) -> bool:

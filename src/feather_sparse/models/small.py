@@ -24,7 +24,7 @@ leaves a working network. Design:
 
 Why this width. Trials (SGD lr 0.1, momentum 0.9, weight decay 5e-4 off
 batch norm and biases, cosine schedule, batch 128, gradient clipping at 3,
-30 epochs on the default 4000/1000 split, Feather-Global with this project's
+30 epochs on the default 4000/1000 split, Feather-Global with the library's
 ``Pruner``):
 
 - half the channels (32/64/64/128, 45k weights): 98.6-99.1 % dense, but

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -39,7 +40,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Union
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, published as tomli before it joined the standard library
+    import tomli as tomllib
 
 __all__ = [
     "DEFAULT_RECIPE",

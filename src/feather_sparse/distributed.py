@@ -1,0 +1,263 @@
+"""DDP and FSDP2 plumbing for the Pruner: local shards, process groups, reducer hooks.
+
+The Pruner's algorithm (:mod:`feather_sparse.pruner`) reads weights, counts
+zeros and writes thresholds; this module hides where those weights live.
+
+- **DDP** (replicated weights): every rank computes the identical threshold
+  with no communication. The one chore is :func:`reconnect_ddp`: a
+  parametrization attached after DDP wrapping re-sets each weight, and DDP's
+  gradient hooks must be re-attached to it.
+- **FSDP2** (``fully_shard``, DTensor weights): each rank works on its local
+  shard (:func:`local_weights`, :func:`on_local_shard`) and counts or maxima
+  are all-reduced over the group the weights are sharded on
+  (:func:`all_reduce_sum`, :func:`all_reduce_max`), so every rank gets the
+  exact global threshold without gathering a weight.
+
+Every function is a no-op (no ``torch.distributed`` call) for plain tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = [
+    "DDPIndices",
+    "all_reduce_max",
+    "all_reduce_sum",
+    "check_unsharded",
+    "common_shard_group",
+    "ddp_reducer_indices",
+    "dtensor_type",
+    "fsdp_managed",
+    "local_weights",
+    "on_local_shard",
+    "reconnect_ddp",
+    "refuse_sharded_model",
+    "shard_group",
+    "to_local",
+]
+
+#: Per ``DistributedDataParallel`` in a model: the wrapper and where each
+#: parameter (by ``id``) sits in its reducer.
+DDPIndices = list[tuple[Any, dict[int, int]]]
+
+
+# ----------------------------------------------------------------------- DTensor
+def dtensor_type() -> type | None:
+    """``torch.distributed.tensor.DTensor``, or None where torch has no distributed support."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - builds without torch.distributed
+        return None
+    return DTensor
+
+
+def to_local(w: Any) -> Tensor:
+    """A DTensor's local shard (a plain tensor view, no communication)."""
+    local: Tensor = w.to_local()
+    return local
+
+
+def on_local_shard(fn: Callable[[Tensor], Tensor], w: Tensor) -> Tensor:
+    """``fn(w)`` for an elementwise ``fn``; a DTensor's shards are mapped where they lie."""
+    dtensor = dtensor_type()
+    if dtensor is None or not isinstance(w, dtensor):
+        return fn(w)
+    d: Any = w
+    local = fn(d.to_local())
+    out: Tensor = dtensor.from_local(  # type: ignore[attr-defined]
+        local, d.device_mesh, d.placements, run_check=False, shape=d.shape, stride=d.stride()
+    )
+    return out
+
+
+def shard_group(w: Any) -> ProcessGroup | None:
+    """The group of the one mesh dimension a DTensor is sharded on (None: replicated)."""
+    dims = [i for i, p in enumerate(w.placements) if p.is_shard()]
+    if not dims:
+        return None
+    if len(dims) > 1:
+        raise ValueError(
+            f"a prunable weight is sharded on {len(dims)} mesh dimensions {tuple(w.placements)}; "
+            "pass Pruner(process_group=...) with the group spanning them"
+        )
+    group: ProcessGroup = w.device_mesh.get_group(dims[0])
+    return group
+
+
+def common_shard_group(weights: Sequence[Any]) -> ProcessGroup | None:
+    """The one group all sharded ``weights`` are sharded over (None: none is sharded).
+
+    Raises:
+        ValueError: if the weights are sharded over different groups.
+    """
+    import torch.distributed as dist
+
+    groups = [g for g in (shard_group(w) for w in weights) if g is not None]
+    if not groups:
+        return None
+    ranks = {tuple(dist.get_process_group_ranks(g)) for g in groups}
+    if len(ranks) > 1:
+        raise ValueError(
+            f"the prunable weights are sharded over different process groups {sorted(ranks)}; "
+            "pass Pruner(process_group=...) with the one group to select over"
+        )
+    return groups[0]
+
+
+def local_weights(
+    weights: Sequence[Tensor], process_group: ProcessGroup | None
+) -> tuple[list[Tensor], ProcessGroup | None]:
+    """This rank's part of each weight (detached) and the group it is sharded over.
+
+    Plain tensors are whole weights (replicated under DDP): group None.
+    DTensors (FSDP2) give their local shard and ``process_group`` or their
+    mesh's group. A replicated weight among sharded ones is counted on the
+    group's rank 0 only (an empty view elsewhere), so every weight counts once.
+    """
+    detached = [w.detach() for w in weights]
+    dtensor = dtensor_type()
+    if dtensor is None or not any(isinstance(w, dtensor) for w in detached):
+        return detached, None
+    group = process_group
+    if group is None:
+        group = common_shard_group([w for w in detached if isinstance(w, dtensor)])
+    if group is None:  # DTensors replicated on every mesh dimension
+        return [to_local(w) if isinstance(w, dtensor) else w for w in detached], None
+    import torch.distributed as dist
+
+    first = dist.get_rank(group) == 0
+    local = []
+    for w in detached:
+        if isinstance(w, dtensor) and shard_group(w) is not None:
+            local.append(to_local(w))
+        else:
+            whole = to_local(w) if isinstance(w, dtensor) else w
+            local.append(whole if first else whole.reshape(-1)[:0])
+    return local, group
+
+
+# ------------------------------------------------------------------ reductions
+def all_reduce_sum(values: Tensor, group: ProcessGroup | None) -> Tensor:
+    """Elementwise sum over ``group``, in place; ``values`` unchanged when ``group`` is None."""
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.all_reduce(values, op=dist.ReduceOp.SUM, group=group)
+    return values
+
+
+def all_reduce_max(maxima: Tensor, group: ProcessGroup) -> Tensor:
+    """Elementwise max over the group, keeping NaN (a max reduction may drop it)."""
+    import torch.distributed as dist
+
+    finite = torch.isfinite(maxima)
+    both = torch.stack([torch.where(finite, maxima, 0.0), (~finite).float()])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    return torch.where(both[1] > 0, math.nan, both[0])
+
+
+# ------------------------------------------------------------------------ FSDP2
+def fsdp_managed(model: nn.Module, weights: Sequence[Tensor]) -> bool:
+    """Whether FSDP2 (``fully_shard``) has sharded any of ``weights`` (the prunable ones)."""
+    dtensor = dtensor_type()
+    if dtensor is None or not any(isinstance(w, dtensor) for w in weights):
+        return False
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return False
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def refuse_sharded_model(model: nn.Module, weights: Sequence[Tensor]) -> None:
+    """Raise if FSDP2 sharded the weights before the Pruner could attach.
+
+    Raises:
+        ValueError: naming the order that works (attach, then ``fully_shard``).
+    """
+    if fsdp_managed(model, weights):
+        raise ValueError(
+            "the model's prunable weights are already sharded by FSDP2 (fully_shard): attach "
+            "the Pruner to the unsharded model first, then call fully_shard (FSDP2 tracks "
+            "each parameter where it was registered, and the Pruner's parametrization moves it)"
+        )
+
+
+def check_unsharded(model: nn.Module, weights: Sequence[Tensor], what: str) -> None:
+    """Raise if ``what`` (``"finalize"``, ``"remove"``) meets FSDP2-sharded weights.
+
+    Raises:
+        RuntimeError: naming the way out (``dense_state_dict`` into an unsharded copy).
+    """
+    if fsdp_managed(model, weights):
+        raise RuntimeError(
+            f"{what}() needs unsharded weights, but FSDP2 shards them: take "
+            "pruner.dense_state_dict(pruned=True) (DTensors; .full_tensor() gathers one) and "
+            "load it into an unsharded copy of the model (docs/distributed.md shows how)"
+        )
+
+
+# ------------------------------------------------------------------------- DDP
+def ddp_reducer_indices(model: nn.Module) -> DDPIndices:
+    """Per ``DistributedDataParallel`` inside ``model``: where each parameter sits in its reducer.
+
+    Needed when the Pruner is attached *after* DDP wrapping (see
+    :func:`reconnect_ddp`); taken before attaching, in DDP's own order (the
+    trainable, non-ignored parameters, in ``named_parameters`` order).
+
+    Raises:
+        ValueError: for DDP options under which the reconnection is not sound.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    out = []
+    for ddp in model.modules():
+        if not isinstance(ddp, DistributedDataParallel):
+            continue
+        if (
+            ddp.find_unused_parameters
+            or ddp.static_graph
+            or getattr(ddp, "mixed_precision", None) is not None
+            or not hasattr(ddp.reducer, "_autograd_hook")
+        ):
+            raise ValueError(
+                "attach the Pruner before wrapping the model in DistributedDataParallel when DDP "
+                "uses find_unused_parameters, static_graph or mixed_precision: "
+                "pruner = Pruner(model, ...); model = DistributedDataParallel(model)"
+            )
+        ignore = ddp.parameters_to_ignore
+        order = [p for n, p in ddp.module.named_parameters() if p.requires_grad and n not in ignore]
+        out.append((ddp, {id(p): i for i, p in enumerate(order)}))
+    return out
+
+
+def _fire_ddp_hook(ddp: Any, index: int, param: Tensor) -> None:
+    ddp.reducer._autograd_hook(index)
+
+
+def reconnect_ddp(indices: DDPIndices, params: Sequence[Tensor]) -> None:
+    """Reconnect DDP's gradient hooks to weights that a parametrization has re-set.
+
+    ``register_parametrization`` keeps each weight's ``Parameter`` object but
+    re-sets it in place (``Tensor.set_``), which gives it a fresh gradient
+    accumulator. DDP hooked the old one at construction, so its all-reduce
+    would never fire for these weights. Hooks registered on the tensor itself
+    (``register_post_accumulate_grad_hook``) survive such resets; each tells
+    the reducer that the weight's gradient is ready, as DDP does for its own
+    mixed-precision parameters.
+    """
+    for ddp, index in indices:
+        for p in params:
+            i = index.get(id(p))
+            if i is not None:
+                p.register_post_accumulate_grad_hook(functools.partial(_fire_ddp_hook, ddp, i))
