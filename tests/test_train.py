@@ -95,6 +95,23 @@ def test_bundled_recipes_are_the_papers() -> None:
     assert (d.model, d.dataset) == ("mnist1d_cnn", "mnist1d")
 
 
+def test_regime_recipe_is_mnist1d_with_only_the_chosen_setting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # docs/results/mnist1d-regime/regime.md chose a narrower model and kept
+    # the paper's clipping; every other field must stay the mnist1d recipe's.
+    assert "mnist1d-regime" in list_recipes()
+    regime, base = load_config("mnist1d-regime"), load_config("mnist1d")
+    assert set(regime.diff(base)) == {"recipe", "model_kwargs", "grad_clip"}
+    assert regime.recipe == "mnist1d-regime"
+    assert regime.grad_clip == 3.0
+    assert set(regime.model_kwargs) == {"width"}
+    assert 0 < regime.model_kwargs["width"] < 1
+    assert cli.main(["train", "--recipe", "mnist1d-regime", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert 'recipe = "mnist1d-regime"' in out and "grad_clip = 3.0" in out
+
+
 def test_overrides_are_converted_like_recipe_values() -> None:
     cfg = load_config(
         "cifar100",
