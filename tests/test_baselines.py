@@ -18,7 +18,7 @@ from feather_sparse.baselines import SpartanBackbone, st3_rescale
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-METHOD_NAMES = ["feather", "gmp", "hard", "nonste", "soft", "spartan", "st3"]
+METHOD_NAMES = ["feather", "feather-gmp", "gmp", "hard", "nonste", "soft", "spartan", "st3"]
 
 # Every method, and Feather on every backbone.
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -30,6 +30,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("soft", {}),
     ("nonste", {}),
     ("gmp", {}),
+    ("feather-gmp", {}),
     ("st3", {}),
     ("st3", {"backbone": "global-flops"}),
     ("spartan", {}),
@@ -78,7 +79,7 @@ def test_method_registry_and_errors() -> None:
     for name in METHOD_NAMES:
         method = fs.METHODS.get(name)
         assert method.reference and method.summary
-    with pytest.raises(ValueError, match="unknown method 'rigl'; choose one of: feather, gmp"):
+    with pytest.raises(ValueError, match="unknown method 'rigl'; choose one of: feather, feather-"):
         fs.make_pruner(SmallCNN(), "rigl", sparsity=0.5, total_steps=10)
     with pytest.raises(ValueError, match=r"method 'gmp' fixes operator='hard'"):
         fs.make_pruner(SmallCNN(), "gmp", sparsity=0.5, total_steps=10, operator="feather")

@@ -194,11 +194,11 @@ def test_autograd_function_gradcheck_like_identity_on_kept() -> None:
 
 
 # ------------------------------------------------------------------- validation
-@pytest.mark.parametrize("p", [0.0, -1.0, float("nan")])
+@pytest.mark.parametrize("p", [0.0, 0.5, 0.999, -1.0, float("nan")])
 def test_bad_p(p: float) -> None:
-    with pytest.raises(ValueError, match="p must be > 0"):
+    with pytest.raises(ValueError, match="p must be >= 1"):
         fs.threshold(torch.ones(3), 0.5, p=p)
-    with pytest.raises(ValueError, match="p must be > 0"):
+    with pytest.raises(ValueError, match="p must be >= 1"):
         ThresholdOperator(p=p)
 
 
@@ -211,6 +211,40 @@ def test_bad_theta(theta: float) -> None:
 def test_threshold_must_be_0d() -> None:
     with pytest.raises(ValueError, match="0-d tensor"):
         fs.threshold(torch.ones(3), torch.ones(3))
+
+
+@pytest.mark.parametrize("t", [-0.5, torch.tensor(-0.5)])
+def test_negative_threshold_is_refused(t: float | torch.Tensor) -> None:
+    # Unchecked, T = -0.5 turns 0.1 into (0.1^3 + 0.5^3)^(1/3) = 0.501: weights grow.
+    with pytest.raises(ValueError, match=r"T must be >= 0, got -0\.5: a negative T enlarges"):
+        fs.threshold(torch.tensor([0.1, -2.0]), t)
+
+
+@pytest.mark.parametrize("t", [math.nan, math.inf, torch.tensor(math.nan)])
+def test_non_finite_threshold_is_refused(t: float | torch.Tensor) -> None:
+    with pytest.raises(ValueError, match="T must be a finite number >= 0"):
+        fs.threshold(torch.tensor([0.1, -2.0]), t)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
+def test_integer_weights_are_refused(dtype: torch.dtype) -> None:
+    # Unchecked, an integer tensor came back truncated to whole numbers.
+    with pytest.raises(TypeError, match=r"floating-point tensor, got torch\.\w+.*w\.float\(\)"):
+        fs.threshold(torch.tensor([2, 0, 3]).to(dtype), 1.0)
+
+
+def test_the_pruner_path_skips_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The operator a Pruner holds was checked once; its forward runs no checks.
+    import feather_sparse.ops as ops
+
+    def refuse(*args: object) -> float:
+        raise AssertionError("a check ran on the forward pass")
+
+    op = ThresholdOperator(p=3.0)
+    for name in ("check_p", "check_theta", "check_threshold"):
+        monkeypatch.setattr(ops, name, refuse)
+    out = op(torch.tensor([2.0, 0.5]), torch.tensor(1.0), 0.5)
+    assert out[1] == 0 and math.isclose(float(out[0]), 7 ** (1 / 3), rel_tol=1e-6)
 
 
 # ------------------------------------------------------------------- devices

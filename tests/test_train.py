@@ -19,7 +19,9 @@ import pytest
 import torch
 from torch import nn
 
+import feather_sparse as fs
 from feather_sparse import cli
+from feather_sparse.methods import pruner_config
 from feather_sparse.recipes import TrainConfig, list_recipes, load_config, load_recipe
 from feather_sparse.train import (
     CHECKPOINT_FORMAT,
@@ -88,8 +90,12 @@ def test_bundled_recipes_are_the_papers() -> None:
     assert (i.warmup_epochs, i.label_smoothing, i.model) == (5, 0.1, "resnet50")
     for name in ("cifar100", "imagenet", "mnist1d"):
         cfg = load_config(name)
-        assert (cfg.sparsity, cfg.operator, cfg.theta) == (0.9, "feather", "auto")
-        assert (cfg.backbone, cfg.method, cfg.recipe) == ("global", "feather", name)
+        # operator, p, theta and backbone are left to the method: Feather's.
+        assert (cfg.sparsity, cfg.operator, cfg.p, cfg.theta) == (0.9, None, None, None)
+        assert (cfg.backbone, cfg.method, cfg.recipe) == (None, "feather", name)
+        settings = pruner_config(cfg)
+        assert (settings.make_operator(), settings.theta) == (fs.OPERATORS.get("feather"), "auto")
+        assert settings.make_backbone().config() == {"name": "global"}
         assert (cfg.schedule, cfg.schedule_start, cfg.schedule_end) == ("cubic", 0.0, 0.5)
     d = load_config("mnist1d")
     assert (d.model, d.dataset) == ("mnist1d_cnn", "mnist1d")

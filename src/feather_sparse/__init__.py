@@ -16,15 +16,7 @@ from feather_sparse.backbones import (
     GlobalFlopsBackbone,
     UniformBackbone,
 )
-from feather_sparse.baselines import (
-    METHODS,
-    Method,
-    SpartanBackbone,
-    ST3Operator,
-    make_pruner,
-    sinkhorn_topk,
-    soft_topk_mask,
-)
+from feather_sparse.baselines import SpartanBackbone, ST3Operator, sinkhorn_topk, soft_topk_mask
 from feather_sparse.export import (
     export_onnx,
     inspect_sparse,
@@ -32,6 +24,7 @@ from feather_sparse.export import (
     save_sparse,
     to_sparse_inference,
 )
+from feather_sparse.methods import METHODS, Method, make_pruner
 from feather_sparse.models import ModelInfo, create_model, list_models, model_info, register_model
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, threshold
 from feather_sparse.pruner import DEFAULT_INCLUDE, LayerReport, Pruner, PrunerReport, auto_theta

@@ -26,6 +26,9 @@ Spartan); their defaults are exactly the plain behaviour:
 :meth:`Backbone.advance` (where training stands), :meth:`Backbone.forward_weight`
 (what the layer's forward uses) and :meth:`Backbone.pruned_mask` (which
 weights count as pruned).
+
+Over 600 lines as one cohesive thing: the interface and the paper's four
+backbones, each a small class, with the registry at the bottom.
 """
 
 from __future__ import annotations

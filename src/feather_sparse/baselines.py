@@ -1,20 +1,10 @@
-"""The sparse-training methods the paper compares Feather against, behind one interface.
+"""The operators and backbones of the methods the paper compares Feather against.
 
-Every method is a :class:`~feather_sparse.pruner.Pruner` configuration — an
-operator, a gradient scale θ, a backbone and a schedule — selectable by name
-from :data:`METHODS` with :func:`make_pruner`::
-
-    pruner = fs.make_pruner(model, "st3", sparsity=0.9, total_steps=steps)
-
-| name | what it is (source) |
-|---|---|
-| `feather` | `P_T`, p = 3, θ automatic, any backbone (Glentis Georgoulakis et al. 2023) |
-| `hard` | p = ∞ with the plain STE, θ = 1 (Bengio et al. 2013; the paper's §4.1) |
-| `soft` | p = 1 with the plain STE, θ = 1 (Donoho 1995; the paper's §4.1) |
-| `nonste` | p = 3, θ = 0: pruned weights get no gradient (the paper's §2.2.2) |
-| `gmp` | uniform, hard mask, θ = 0, first conv dense (Zhu & Gupta 2017) |
-| `st3` | soft threshold, channel rescale, identity backward (Vanderschueren et al. 2023) |
-| `spartan` | Sinkhorn soft top-k, β and density schedules, frozen mask (Tai et al. 2022) |
+ST-3's operator (``st3`` in the operator registry) and Spartan's backbone
+(``spartan`` in the backbone registry); the methods themselves — which
+operator, θ, backbone and schedule each one is — are in
+:mod:`feather_sparse.methods` (``Method``, ``METHODS`` and ``make_pruner``
+stay importable from here).
 
 References:
 
@@ -35,23 +25,22 @@ magnitudes both prune the same weights.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget, _WarmStart
 from feather_sparse.ops import OPERATORS, Operator, compute_dtype
-from feather_sparse.pruner import Pruner
-from feather_sparse.registry import Registry
-from feather_sparse.schedules import LinearSchedule
 from feather_sparse.selection import select_threshold
+
+if TYPE_CHECKING:  # defined in feather_sparse.methods; see __getattr__ at the bottom
+    from feather_sparse.methods import METHODS, Method, make_pruner
 
 __all__ = [
     "METHODS",
@@ -538,208 +527,12 @@ class SpartanBackbone(Backbone):
 BACKBONES.register("spartan", SpartanBackbone)
 
 
-# ------------------------------------------------------------------ methods
-def _pruner_arguments() -> frozenset[str]:
-    params = inspect.signature(Pruner.__init__).parameters
-    return frozenset(params) - {"self", "model", "sparsity", "total_steps"}
+def __getattr__(name: str) -> Any:
+    # Method, METHODS and make_pruner lived here before feather_sparse.methods
+    # existed; methods imports this module (through the Pruner), so the names
+    # are looked up when asked for rather than imported at the top.
+    if name in ("METHODS", "Method", "make_pruner"):
+        from feather_sparse import methods
 
-
-def _backbone_name(backbone: Any) -> str:
-    if isinstance(backbone, Backbone):
-        return backbone.name
-    if isinstance(backbone, Mapping):
-        return str(backbone.get("name"))
-    return str(backbone)
-
-
-def _same(key: str, given: Any, fixed: Any) -> bool:
-    if key == "backbone":
-        return BACKBONES._normalize(_backbone_name(given)) == BACKBONES._normalize(fixed)
-    if key == "operator":
-        name = given.name if isinstance(given, Operator) else str(given)
-        return OPERATORS._normalize(name) == OPERATORS._normalize(fixed)
-    if key == "theta":
-        return not isinstance(given, str) and float(given) == float(fixed)
-    return bool(given == fixed)
-
-
-@dataclass(frozen=True)
-class Method:
-    """A named sparse-training method: a Pruner configuration with a source.
-
-    Args:
-        name: the registry name (``--method`` on the command line).
-        summary: one line on what it does.
-        reference: where it comes from.
-        fixed: Pruner arguments that define the method; passing another
-            value raises (``backbone`` is compared by name, so its options
-            may still be given).
-        defaults: Pruner arguments set unless the caller gives them.
-    """
-
-    name: str
-    summary: str
-    reference: str
-    fixed: Mapping[str, Any] = field(default_factory=dict)
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-
-    def pruner_kwargs(self, **kwargs: Any) -> dict[str, Any]:
-        """The Pruner's keyword arguments for this method, with the caller's overrides.
-
-        Keywords that are not Pruner arguments are options of the backbone
-        (``keep_first_dense=True``, ``beta_target=10``): they are merged into
-        its config, ``{"name": ..., **options}``.
-
-        Raises:
-            ValueError: if an override contradicts what defines the method, or
-                backbone options come with a backbone object.
-        """
-        allowed = _pruner_arguments()
-        options = {k: v for k, v in kwargs.items() if k not in allowed}
-        given = {k: v for k, v in kwargs.items() if k in allowed}
-        for key, value in self.fixed.items():
-            if key in given and not _same(key, given[key], value):
-                raise ValueError(
-                    f"method {self.name!r} fixes {key}={value!r} (got {given[key]!r}); "
-                    "use method='feather' to choose it freely"
-                )
-        out: dict[str, Any] = {**self.fixed, **self.defaults, **given}
-        default = self.defaults.get("backbone")
-        if (
-            isinstance(given.get("backbone"), str)
-            and isinstance(default, Mapping)
-            and _same("backbone", given["backbone"], default["name"])
-        ):  # the method's own backbone by name: keep its published options
-            out["backbone"] = dict(default)
-        if options:
-            backbone = out.get("backbone", "global")
-            if isinstance(backbone, Backbone):
-                raise ValueError(
-                    f"backbone options {sorted(options)} given with a backbone object: pass them "
-                    "to its constructor instead"
-                )
-            base = dict(backbone) if isinstance(backbone, Mapping) else {"name": backbone}
-            cls = BACKBONES.get(base["name"])
-            accepted = set(inspect.signature(cls).parameters)
-            unknown = sorted(set(options) - accepted)
-            if unknown:
-                raise ValueError(
-                    f"unknown argument(s) {unknown}: neither Pruner arguments "
-                    f"({', '.join(sorted(allowed))}) nor options of backbone "
-                    f"{base['name']!r} ({', '.join(sorted(accepted)) or 'none'})"
-                )
-            out["backbone"] = {**base, **options}
-        return out
-
-    def build(self, model: nn.Module, sparsity: float, total_steps: int, **kwargs: Any) -> Pruner:
-        """A :class:`~feather_sparse.pruner.Pruner` for ``model`` running this method."""
-        return Pruner(model, sparsity, total_steps, **self.pruner_kwargs(**kwargs))
-
-
-METHODS: Registry[Method] = Registry("method")
-METHODS.register(
-    "feather",
-    Method(
-        "feather",
-        "Feather: P_T with p = 3 and automatic θ; any operator, θ or backbone may be given",
-        "Glentis Georgoulakis, Retsinas & Maragos, BMVC 2023",
-    ),
-)
-METHODS.register(
-    "hard",
-    Method(
-        "hard",
-        "hard thresholding (p = inf) with the plain straight-through estimator (θ = 1)",
-        "Bengio, Léonard & Courville 2013 (STE); the Feather paper's operator ablation (§4.1)",
-        fixed={"operator": "hard", "theta": 1.0},
-    ),
-)
-METHODS.register(
-    "soft",
-    Method(
-        "soft",
-        "soft thresholding (p = 1) with the plain straight-through estimator (θ = 1)",
-        "Donoho 1995 (soft thresholding); the Feather paper's operator ablation (§4.1)",
-        fixed={"operator": "soft", "theta": 1.0},
-    ),
-)
-METHODS.register(
-    "nonste",
-    Method(
-        "nonste",
-        "Feather's operator with θ = 0: pruned weights receive no gradient",
-        "Glentis Georgoulakis et al. 2023, §2.2.2 (gradient scaling, θ = 0)",
-        fixed={"theta": 0.0},
-    ),
-)
-METHODS.register(
-    "gmp",
-    Method(
-        "gmp",
-        "GMP: uniform per-layer sparsity, hard mask, zero gradient to pruned weights, "
-        "first conv dense",
-        "Zhu & Gupta 2017, 'To prune, or not to prune', arXiv:1710.01878",
-        fixed={"operator": "hard", "theta": 0.0, "backbone": "uniform"},
-        defaults={"backbone": {"name": "uniform", "keep_first_dense": True}},
-    ),
-)
-METHODS.register(
-    "st3",
-    Method(
-        "st3",
-        "ST-3: soft thresholding, per-output-channel rescale, identity backward, global "
-        "threshold every step (backbone='global-flops' gives ST-3σ)",
-        "Vanderschueren & De Vleeschouwer, WACV 2023, arXiv:2212.01076",
-        fixed={"operator": "st3", "theta": 1.0},
-    ),
-)
-METHODS.register(
-    "spartan",
-    Method(
-        "spartan",
-        "Spartan: Sinkhorn soft top-k mask, linear density (first 20 %) and β schedules, "
-        "mask frozen for the last 20 %",
-        "Tai, Tian & Lim, NeurIPS 2022, arXiv:2205.14107",
-        fixed={"backbone": "spartan", "operator": "hard", "theta": 1.0},
-        defaults={"schedule": LinearSchedule(start=0.0, end=0.2)},
-    ),
-)
-
-
-def make_pruner(
-    model: nn.Module,
-    method: str | Method = "feather",
-    *,
-    sparsity: float,
-    total_steps: int,
-    **kwargs: Any,
-) -> Pruner:
-    """A Pruner running ``method`` (a name in :data:`METHODS`, or a :class:`Method`).
-
-    Args:
-        model: the model to prune.
-        method: ``"feather"`` (default), ``"hard"``, ``"soft"``, ``"nonste"``,
-            ``"gmp"``, ``"st3"``, ``"spartan"``, or a :class:`Method`.
-        sparsity: final target sparsity.
-        total_steps: number of ``pruner.step()`` calls in the whole training.
-        **kwargs: any other :class:`~feather_sparse.pruner.Pruner` argument
-            (``backbone``, ``schedule``, ``exclude``, ...), and options of the
-            method's backbone (``keep_first_dense``, ``beta_target``, ``lam``, ...).
-
-    Returns:
-        The attached :class:`~feather_sparse.pruner.Pruner`.
-
-    Raises:
-        ValueError: for an unknown method (listing the choices) or an argument
-            that contradicts the method.
-
-    Example:
-        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-        >>> pruner = make_pruner(model, "gmp", sparsity=0.5, total_steps=100)
-        >>> pruner.backbone.config()
-        {'name': 'uniform', 'keep_first_dense': True}
-    """
-    spec = METHODS.get(method)
-    if not isinstance(spec, Method):
-        raise ValueError(f"method must be one of {', '.join(METHODS.names())} or a Method")
-    return spec.build(model, sparsity, total_steps, **kwargs)
+        return getattr(methods, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

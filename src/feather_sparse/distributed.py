@@ -13,7 +13,7 @@ zeros and writes thresholds; this module hides where those weights live.
   (:func:`all_reduce_sum`, :func:`all_reduce_max`), so every rank gets the
   exact global threshold without gathering a weight.
 
-Every function is a no-op (no ``torch.distributed`` call) for plain tensors.
+For plain tensors (one process, or DDP) nothing here communicates.
 """
 
 from __future__ import annotations

@@ -38,12 +38,14 @@ import torch
 from torch import Tensor
 
 from feather_sparse.registry import Registry
+from feather_sparse.rules import check_p, check_theta, check_threshold
 
 __all__ = [
     "OPERATORS",
     "Operator",
     "OutputCache",
     "ThresholdOperator",
+    "apply_threshold",
     "compute_dtype",
     "threshold",
 ]
@@ -301,15 +303,6 @@ def _grad_block(w: Tensor, g: Tensor, t: Tensor, theta: Tensor, out: Tensor, c: 
     torch.mul(g, a, out=out)  # half gradients: computed in float32, rounded once
 
 
-def _check_args(t: Tensor | float, p: float, theta: float) -> None:
-    if not p > 0:  # also rejects NaN
-        raise ValueError(f"p must be > 0 (1 = soft, 3 = Feather, inf = hard), got {p}")
-    if not 0.0 <= theta <= 1.0:
-        raise ValueError(f"theta must be in [0, 1] (1 = plain STE, 0 = non-STE), got {theta}")
-    if isinstance(t, Tensor) and t.dim() != 0:
-        raise ValueError(f"the threshold must be a 0-d tensor, got shape {tuple(t.shape)}")
-
-
 def threshold(
     w: Tensor,
     t: Tensor | float,
@@ -320,15 +313,20 @@ def threshold(
 ) -> Tensor:
     """Apply the Feather operator ``P_T`` with a gradient-scaled STE backward.
 
+    Every argument is checked here, once (the rules are in
+    :mod:`feather_sparse.rules`); a tensor ``t`` is read for that, which is one
+    host synchronisation on a GPU. The Pruner's operators skip these checks:
+    their settings were checked when the Pruner was configured.
+
     Args:
         w: weights of any shape and floating dtype (float16, bfloat16, float32,
             float64), on any device.
-        t: the threshold ``T >= 0``; a 0-d tensor (kept on ``w``'s device so
-            no host synchronisation happens) or a Python float. It receives no
-            gradient.
-        p: the operator's power: 1 soft, 3 Feather (default), ``math.inf`` hard.
-        theta: gradient scale for pruned weights (``|w| <= T``): 1 plain STE,
-            0 non-STE.
+        t: the threshold ``T >= 0``; a 0-d tensor (kept on ``w``'s device) or
+            a Python float. It receives no gradient.
+        p: the operator's power in ``[1, inf]``: 1 soft, 3 Feather (default),
+            ``math.inf`` hard.
+        theta: gradient scale for pruned weights (``|w| <= T``) in ``[0, 1]``:
+            1 plain STE, 0 non-STE.
         cache: an :class:`OutputCache` kept with ``w`` across calls (the
             Pruner keeps one per weight): while training on CPU the output
             reuses the previous output's memory when nothing references it.
@@ -338,16 +336,40 @@ def threshold(
         ``|w| <= T``.
 
     Raises:
-        ValueError: if ``p <= 0``, ``theta`` is outside [0, 1] or ``t`` is not 0-d.
+        TypeError: if ``w`` is not a floating-point tensor (an integer tensor
+            would be truncated).
+        ValueError: if ``T`` is negative, NaN, infinite or not 0-d, ``p < 1``
+            or ``theta`` is outside [0, 1].
 
     Example:
         >>> w = torch.tensor([2.0, -0.5, -3.0], requires_grad=True)
         >>> threshold(w, torch.tensor(1.0), p=3.0)  # 7^(1/3) = 1.9129...
         tensor([ 1.9129,  0.0000, -2.9625], grad_fn=<_ThresholdSTEBackward>)
     """
-    _check_args(t, p, theta)
-    if not isinstance(t, Tensor):
+    if not isinstance(w, Tensor) or not w.is_floating_point():
+        kind = w.dtype if isinstance(w, Tensor) else type(w).__name__
+        raise TypeError(
+            f"threshold needs a floating-point tensor, got {kind}: the result would be "
+            "truncated to whole numbers; convert it first, e.g. w.float()"
+        )
+    if isinstance(t, Tensor):
+        if t.dim() != 0:
+            raise ValueError(f"the threshold must be a 0-d tensor, got shape {tuple(t.shape)}")
+        check_threshold(float(t.detach()))
+    else:
+        check_threshold(float(t))
         t = torch.tensor(float(t), dtype=compute_dtype(w.dtype), device=w.device)
+    return apply_threshold(w, t, check_p(p), check_theta(theta), cache=cache)
+
+
+def apply_threshold(
+    w: Tensor, t: Tensor, p: float, theta: float, *, cache: OutputCache | None = None
+) -> Tensor:
+    """:func:`threshold` without the argument checks, for callers that checked them once.
+
+    ``t`` is a 0-d tensor ``>= 0``, ``p`` in ``[1, inf]``, ``theta`` in ``[0, 1]``
+    (see :mod:`feather_sparse.rules`); nothing here verifies it.
+    """
     if cache is not None and not (
         torch.is_grad_enabled() and w.requires_grad and not torch.compiler.is_compiling()
     ):
@@ -379,7 +401,8 @@ class ThresholdOperator(Operator):
     """The ``P_T`` family at power ``p`` (see the module docstring).
 
     Args:
-        p: 1 soft, 3 Feather, ``math.inf`` hard; any ``p > 0`` is allowed.
+        p: 1 soft, 3 Feather, ``math.inf`` hard; any ``p`` in ``[1, inf]``
+            (:func:`feather_sparse.rules.check_p` says why not below 1).
         name: the registry name this operator came from.
     """
 
@@ -387,12 +410,13 @@ class ThresholdOperator(Operator):
     name: str = "feather"
 
     def __post_init__(self) -> None:
-        _check_args(0.0, self.p, 1.0)
+        check_p(self.p)
 
     def __call__(
         self, w: Tensor, t: Tensor, theta: float, cache: OutputCache | None = None
     ) -> Tensor:
-        return threshold(w, t, p=self.p, theta=theta, cache=cache)
+        # θ and T come from the Pruner, which checked its settings once.
+        return apply_threshold(w, t, self.p, theta, cache=cache)
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "p": self.p}

@@ -16,6 +16,11 @@ Usage, like an LR scheduler::
         optimizer.zero_grad(); loss.backward(); optimizer.step()
         pruner.step()
     pruner.finalize()   # bakes P_T(w) into plain weights, exact zeros
+
+Over 600 lines as one cohesive thing, the ``Pruner`` class and the report
+types it returns: its settings and their checks are in
+:mod:`~feather_sparse.pruner_config`, the DDP/FSDP2 plumbing in
+:mod:`~feather_sparse.distributed`.
 """
 
 from __future__ import annotations
@@ -39,8 +44,9 @@ from feather_sparse.backbones import (
     PruneTarget,
     layer_thresholds_at_most,
 )
-from feather_sparse.ops import OPERATORS, Operator, OutputCache, ThresholdOperator, compute_dtype
-from feather_sparse.schedules import SCHEDULES, CubicSchedule, Schedule
+from feather_sparse.ops import Operator, OutputCache, ThresholdOperator, compute_dtype
+from feather_sparse.pruner_config import DEFAULT_INCLUDE, FORMAT_VERSION, PrunerConfig, auto_theta
+from feather_sparse.schedules import Schedule
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -49,42 +55,16 @@ __all__ = [
     "DEFAULT_INCLUDE",
     "LayerReport",
     "Pruner",
+    "PrunerConfig",
     "PrunerReport",
     "auto_theta",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Layer types pruned by default: every convolution and linear weight, as in
-#: the authors' released code (first conv and classifier included; biases and
-#: normalisation layers never).
-DEFAULT_INCLUDE: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
-
-#: The automatic θ rule's boundary (§2.2.2): θ = 0.5 for final sparsity S at or
-#: above it, 1.0 below.
-AUTO_THETA_BOUNDARY = 0.95
-AUTO_THETA_LOW = 0.5
-
+#: What :meth:`Pruner.state_dict` returns is marked with this, and versioned
+#: with :data:`~feather_sparse.pruner_config.FORMAT_VERSION`.
 STATE_FORMAT = "feather-sparse-pruner"
-
-
-def auto_theta(sparsity: float, rule: str = "paper") -> float:
-    """The paper's automatic gradient scale ``θ = g(S)``.
-
-    Args:
-        sparsity: the final target sparsity ``S``.
-        rule: ``"paper"`` — θ = 0.5 when ``S >= 0.95`` (the paper's text, §2.2.2);
-            ``"released"`` — θ = 0.5 when ``S > 0.95`` (the authors' released
-            code). They differ only at exactly ``S = 0.95``.
-
-    Returns:
-        0.5 or 1.0.
-    """
-    if rule == "paper":
-        return AUTO_THETA_LOW if sparsity >= AUTO_THETA_BOUNDARY else 1.0
-    if rule == "released":
-        return AUTO_THETA_LOW if sparsity > AUTO_THETA_BOUNDARY else 1.0
-    raise ValueError(f"unknown theta rule {rule!r}; choose one of: paper, released")
 
 
 class FeatherParametrization(nn.Module):
@@ -177,58 +157,6 @@ class PrunerReport:
         return "\n".join(lines)
 
 
-def _resolve_schedule(schedule: Any) -> Schedule | Callable[[int], float]:
-    if schedule is None:
-        return CubicSchedule()
-    if isinstance(schedule, str):
-        cls: type[Schedule] = SCHEDULES.get(schedule)
-        return cls()
-    if isinstance(schedule, dict):
-        cfg = dict(schedule)
-        cls = SCHEDULES.get(cfg.pop("name"))
-        return cls(**cfg)
-    if isinstance(schedule, Schedule) or callable(schedule):
-        return schedule
-    raise ValueError(
-        f"schedule must be a name ({', '.join(SCHEDULES.names())}), a Schedule, "
-        f"or a callable step -> sparsity; got {schedule!r}"
-    )
-
-
-def _resolve_operator(operator: str | Operator, p: float | None) -> Operator:
-    op = OPERATORS.get(operator)
-    if not isinstance(op, Operator):
-        raise ValueError(
-            f"operator must be one of {', '.join(OPERATORS.names())} or an Operator, "
-            f"got {operator!r}"
-        )
-    if p is None:
-        return op
-    if not isinstance(op, ThresholdOperator):
-        raise ValueError(f"p applies to the thresholding operators only, not to {op!r}")
-    if op.name in ("hard", "soft") and float(p) != op.p:
-        raise ValueError(
-            f"operator {op.name!r} fixes p = {op.p}; pass operator='feather' to choose p={p}"
-        )
-    return ThresholdOperator(p=float(p), name=op.name)
-
-
-def _resolve_backbone(backbone: str | Backbone | dict[str, Any]) -> Backbone:
-    if isinstance(backbone, Backbone):
-        return backbone
-    if isinstance(backbone, dict):
-        cfg = dict(backbone)
-        cls = BACKBONES.get(cfg.pop("name"))
-        return cls(**cfg)
-    cls = BACKBONES.get(backbone)
-    if not (isinstance(cls, type) and issubclass(cls, Backbone)):
-        raise ValueError(
-            f"backbone must be one of {', '.join(BACKBONES.names())} or a Backbone, "
-            f"got {backbone!r}"
-        )
-    return cls()
-
-
 def _matches(name: str, patterns: Iterable[str], children: bool) -> bool:
     """Whether ``name`` is one of ``patterns`` (a name, or ``"re:<regex>"`` matched in full).
 
@@ -251,12 +179,6 @@ def _find_targets(
 ) -> list[PruneTarget]:
     types = tuple(i for i in include if isinstance(i, type))
     names = [i for i in include if isinstance(i, str)]
-    for pat in [*names, *exclude]:
-        if pat.startswith("re:"):
-            try:
-                re.compile(pat[3:])
-            except re.error as err:
-                raise ValueError(f"invalid regular expression in {pat!r}: {err}") from None
     targets = []
     for name, module in model.named_modules():
         if not (isinstance(module, types) or (names and _matches(name, names, children=False))):
@@ -284,7 +206,8 @@ class Pruner:
             (``epochs × batches per epoch``); the schedule is laid out on it.
         operator: ``"feather"`` (p = 3, default), ``"soft"`` (p = 1),
             ``"hard"`` (p = inf), or an :class:`~feather_sparse.ops.Operator`.
-        p: the operator's power, overriding ``operator``'s (Feather family only).
+        p: the operator's power in ``[1, inf]``, overriding ``operator``'s
+            (Feather family only; :mod:`feather_sparse.rules` says why not below 1).
         theta: gradient scale of pruned weights in ``[0, 1]``, or ``"auto"``
             (the paper's rule, see :func:`auto_theta`).
         theta_rule: boundary of the auto rule: ``"paper"`` (S ≥ 0.95) or
@@ -314,6 +237,11 @@ class Pruner:
             Plain (replicated) weights, as under DDP, never use it: every rank
             computes the identical threshold locally, with no communication.
 
+    The settings (all but ``model``, ``total_steps`` and ``process_group``)
+    make a :class:`~feather_sparse.pruner_config.PrunerConfig`, which checks
+    them; it is kept as ``pruner.pruner_config``, and :meth:`from_config`
+    takes one directly.
+
     Raises:
         ValueError: for invalid arguments, a model with no prunable layer, or a
             model already pruned. Nothing in the model is modified then.
@@ -338,45 +266,63 @@ class Pruner:
         check_finite: bool = True,
         process_group: ProcessGroup | None = None,
     ) -> None:
-        # --- validate everything before touching the model -------------------
-        if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)):
-            raise ValueError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
-        if not 0.0 <= sparsity < 1.0:
-            raise ValueError(
-                f"sparsity must be in [0, 1) (e.g. 0.9 keeps 10 % of the weights), got {sparsity}"
-            )
+        config = PrunerConfig(
+            sparsity,
+            operator=operator,
+            p=p,
+            theta=theta,
+            theta_rule=theta_rule,
+            backbone=backbone,
+            schedule=schedule,
+            update_every=update_every,
+            include=include,
+            exclude=exclude,
+            min_params=min_params,
+            max_layer_sparsity=max_layer_sparsity,
+            check_finite=check_finite,
+        )
+        self._attach(model, config, total_steps, process_group)
+
+    @classmethod
+    def from_config(
+        cls,
+        model: nn.Module,
+        config: PrunerConfig,
+        total_steps: int,
+        process_group: ProcessGroup | None = None,
+    ) -> Pruner:
+        """A Pruner on ``model`` with the settings of ``config`` (checked when it was made).
+
+        Args:
+            model: as for the constructor.
+            config: the settings.
+            total_steps: number of :meth:`step` calls in the whole training.
+            process_group: as for the constructor (sharded weights only).
+
+        Raises:
+            ValueError: as the constructor does for the model and ``total_steps``.
+        """
+        pruner = cls.__new__(cls)
+        pruner._attach(model, config, total_steps, process_group)
+        return pruner
+
+    def _attach(
+        self,
+        model: nn.Module,
+        config: PrunerConfig,
+        total_steps: int,
+        process_group: ProcessGroup | None,
+    ) -> None:
+        # --- check the model before touching it (the settings were checked) ---
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0:
             raise ValueError(
                 "total_steps must be a positive int (epochs × batches per epoch), "
                 f"got {total_steps!r}"
             )
-        if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
-            raise ValueError(f"update_every must be an int >= 1, got {update_every!r}")
-        if isinstance(min_params, bool) or not isinstance(min_params, int) or min_params < 0:
-            raise ValueError(f"min_params must be an int >= 0, got {min_params!r}")
-        if max_layer_sparsity is not None and not 0.0 <= max_layer_sparsity < 1.0:
-            raise ValueError(
-                f"max_layer_sparsity must be in [0, 1) or None, got {max_layer_sparsity}"
-            )
-        if isinstance(include, (str, type)):
-            include = (include,)
-        if isinstance(exclude, str):
-            exclude = (exclude,)
-        self._theta_spec = theta
-        if theta == "auto":
-            resolved_theta = auto_theta(float(sparsity), theta_rule)
-        elif isinstance(theta, str):
-            raise ValueError(f"theta must be a number in [0, 1] or 'auto', got {theta!r}")
-        else:
-            auto_theta(0.0, theta_rule)  # validates the rule name
-            resolved_theta = float(theta)
-        if not 0.0 <= resolved_theta <= 1.0:
-            raise ValueError(
-                f"theta must be in [0, 1] (1 = plain STE, 0 = non-STE) or 'auto', got {theta}"
-            )
-        self.operator = _resolve_operator(operator, p)
-        self.backbone = _resolve_backbone(backbone)
-        self.schedule = _resolve_schedule(schedule)
+        include, exclude, min_params = config.include, config.exclude, config.min_params
+        self.operator = config.make_operator()
+        self.backbone = config.make_backbone()
+        self.schedule = config.make_schedule()
         targets = _find_targets(model, include, exclude, min_params)
         if not targets:
             raise ValueError(
@@ -401,16 +347,17 @@ class Pruner:
             )
 
         self.model = model
-        self.sparsity = float(sparsity)
+        self.pruner_config = config
+        self.sparsity = config.sparsity
         self.total_steps = total_steps
-        self.theta = resolved_theta
-        self.theta_rule = theta_rule
-        self.update_every = update_every
+        self.theta = config.theta_value
+        self.theta_rule = config.theta_rule
+        self.update_every = config.update_every
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.min_params = min_params
-        self.max_layer_sparsity = max_layer_sparsity
-        self.check_finite = check_finite
+        self.max_layer_sparsity = config.max_layer_sparsity
+        self.check_finite = config.check_finite
         self.process_group = process_group
         self.targets = targets
         self._step = 0
@@ -750,7 +697,7 @@ class Pruner:
             "sparsity": self.sparsity,
             "total_steps": self.total_steps,
             "operator": self.operator.config(),
-            "theta": self._theta_spec,
+            "theta": self.pruner_config.theta,
             "theta_rule": self.theta_rule,
             "theta_resolved": self.theta,
             "backbone": self.backbone.config(),
@@ -767,6 +714,7 @@ class Pruner:
         self._check_attached()
         return {
             "format": STATE_FORMAT,
+            "format_version": FORMAT_VERSION,
             "version": __version__,
             "step": self._step,
             "current_sparsity": self._current,
@@ -796,8 +744,7 @@ class Pruner:
                 different configuration (the message names the field).
         """
         self._check_attached()
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError("not a feather-sparse Pruner state_dict (missing format marker)")
+        _check_state(state)
         saved, mine = state["config"], self.config()
         for key in self._MUST_MATCH:
             if saved.get(key) != mine.get(key):
@@ -826,8 +773,7 @@ class Pruner:
             **overrides: constructor arguments to use instead of the saved ones
                 (needed for a custom callable schedule, which cannot be saved).
         """
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError("not a feather-sparse Pruner state_dict (missing format marker)")
+        _check_state(state)
         cfg = state["config"]
         op = cfg["operator"]
         kwargs: dict[str, Any] = {
@@ -855,6 +801,22 @@ class Pruner:
             f"Pruner(sparsity={self.sparsity}, step={self._step}/{self.total_steps}, "
             f"operator={self.operator!r}, theta={self.theta}, backbone={self.backbone.name!r}, "
             f"tensors={len(self.targets)}, params={self.num_params:,})"
+        )
+
+
+def _check_state(state: Any) -> None:
+    """Raise unless ``state`` is a Pruner state this version can read.
+
+    States saved before ``format_version`` existed (version 0) have the same
+    layout as version 1 and load as they are.
+    """
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError("not a feather-sparse Pruner state_dict (missing format marker)")
+    version = state.get("format_version", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ValueError(
+            f"this Pruner state has format version {version!r}, newer than the {FORMAT_VERSION} "
+            f"this feather-sparse ({__version__}) reads; upgrade feather-sparse to load it"
         )
 
 

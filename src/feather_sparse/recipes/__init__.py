@@ -44,6 +44,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Union
 
+from feather_sparse.pruner_config import REGISTRIES
+from feather_sparse.rules import check_p, check_sparsity, check_theta
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # the same parser, published as tomli before it joined the standard library
@@ -133,11 +136,20 @@ class TrainConfig:
         "feather", "sparsification method: feather, hard, soft, nonste, gmp, st3, spartan"
     )
     sparsity: float = _f(0.9, "final target sparsity over all prunable weights")
-    operator: str = _f("feather", "thresholding operator: feather (p=3), soft, hard")
-    p: float | None = _f(None, "operator power (overrides the operator's; inf = hard)")
-    theta: float | str = _f("auto", "gradient scale of pruned weights in [0, 1], or auto")
+    # Unset (None): the method decides (Feather: operator feather with p = 3,
+    # theta auto, backbone global); a set value the method fixes otherwise is
+    # an error (feather_sparse.methods.pruner_config).
+    operator: str | None = _f(
+        None, "thresholding operator: feather (p=3), soft, hard, st3 (unset: the method's)"
+    )
+    p: float | None = _f(None, "operator power >= 1 (overrides the operator's; inf = hard)")
+    theta: float | str | None = _f(
+        None, "gradient scale of pruned weights in [0, 1], or auto (unset: the method's)"
+    )
     theta_rule: str = _f("paper", "auto theta boundary: paper (S >= 0.95) or released (S > 0.95)")
-    backbone: str = _f("global", "threshold backbone: global, uniform, global-flops, asl+")
+    backbone: str | None = _f(
+        None, "threshold backbone: global, uniform, global-flops, asl+ (unset: the method's)"
+    )
     schedule: str = _f("cubic", "sparsity schedule: cubic, linear, constant")
     schedule_start: float = _f(0.0, "fraction of training where the sparsity ramp starts")
     schedule_end: float = _f(0.5, "fraction of training where the target sparsity is reached")
@@ -190,38 +202,25 @@ class TrainConfig:
         device = self.device.split(":", 1)[0]
         if self.device != "auto" and device not in _DEVICE_PREFIXES:
             raise ValueError(f"device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
-        if not 0.0 <= self.sparsity < 1.0:
-            raise ValueError(f"sparsity must be in [0, 1) (0.9 keeps 10 %), got {self.sparsity}")
-        if isinstance(self.theta, str) and self.theta != "auto":
-            raise ValueError(f"theta must be a number in [0, 1] or 'auto', got {self.theta!r}")
-        if isinstance(self.theta, float) and not 0.0 <= self.theta <= 1.0:
-            raise ValueError(
-                f"theta must be in [0, 1] (1 = plain STE, 0 = non-STE), got {self.theta}"
-            )
-        if self.p is not None and not self.p >= 1.0:
-            raise ValueError(f"p must be >= 1 (1 = soft, inf = hard), got {self.p}")
+        # The pruning parameters follow the library's one rule each (feather_sparse.rules).
+        check_sparsity(self.sparsity)
+        if self.theta is not None:
+            check_theta(self.theta, allow_auto=True)
+        if self.p is not None:
+            check_p(self.p)
         if not 0.0 <= self.schedule_start <= self.schedule_end <= 1.0:
             raise ValueError(
                 "need 0 <= schedule_start <= schedule_end <= 1, got "
                 f"schedule_start={self.schedule_start}, schedule_end={self.schedule_end}"
             )
-        if self.max_layer_sparsity is not None and not 0.0 <= self.max_layer_sparsity < 1.0:
-            raise ValueError(
-                f"max_layer_sparsity must be in [0, 1) or none, got {self.max_layer_sparsity}"
-            )
-        # Names of the core registries are checked here, before anything runs;
+        if self.max_layer_sparsity is not None:
+            check_sparsity(self.max_layer_sparsity, "max_layer_sparsity")
+        # Names of the core registries (the baselines' included: see
+        # feather_sparse.pruner_config) are checked here, before anything runs;
         # models, data sets and methods are checked when the run starts.
-        from feather_sparse.backbones import BACKBONES
-        from feather_sparse.ops import OPERATORS
-        from feather_sparse.schedules import SCHEDULES
-
-        for name, registry in (
-            ("operator", OPERATORS),
-            ("backbone", BACKBONES),
-            ("schedule", SCHEDULES),
-        ):
+        for name, registry in REGISTRIES.items():
             value = getattr(self, name)
-            if value not in registry:
+            if value is not None and value not in registry:
                 raise ValueError(
                     f"{name}: unknown {registry.kind} {value!r}; choose one of: "
                     f"{', '.join(registry.names())}"
@@ -267,6 +266,22 @@ class TrainConfig:
                 values["model_kwargs"] = kwargs
         return cls(**values)
 
+    @classmethod
+    def from_record(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """:meth:`from_dict` for a config a run wrote (``config.json``, a checkpoint).
+
+        Records written before ``operator``, ``theta`` and ``backbone`` could be
+        unset hold their old defaults (``"feather"``, ``"auto"``, ``"global"``),
+        which meant "the method decides". Those three together are read as
+        unset: for Feather that is the same setting, and for every other method
+        the three together contradict it, so no valid newer record holds them.
+        Use :meth:`from_dict` for configs a person wrote.
+        """
+        values = dict(values)
+        if all(values.get(k) == v for k, v in _LEGACY_METHOD_DEFAULTS.items()):
+            values.update(dict.fromkeys(_LEGACY_METHOD_DEFAULTS))
+        return cls.from_dict(values)
+
     def replace(self, **overrides: Any) -> TrainConfig:
         """A copy with ``overrides`` applied (checked like any other value)."""
         _check_keys(overrides)
@@ -281,6 +296,11 @@ class TrainConfig:
     def run_method(self) -> str:
         """``"dense"`` for the dense baseline, else the sparsification method."""
         return "dense" if self.dense else self.method
+
+
+#: What ``operator``, ``theta`` and ``backbone`` defaulted to before they
+#: could be left to the method (see :meth:`TrainConfig.from_record`).
+_LEGACY_METHOD_DEFAULTS = {"operator": "feather", "theta": "auto", "backbone": "global"}
 
 
 def config_fields() -> list[dataclasses.Field[Any]]:

@@ -1,0 +1,375 @@
+"""The sparse-training methods by name, and the one path from a config to a Pruner.
+
+Every method is a :class:`~feather_sparse.pruner_config.PrunerConfig` recipe —
+an operator, a gradient scale θ, a backbone and a schedule — selectable by
+name from :data:`METHODS` with :func:`make_pruner`::
+
+    pruner = fs.make_pruner(model, "st3", sparsity=0.9, total_steps=steps)
+
+| name | what it is (source) |
+|---|---|
+| `feather` | `P_T`, p = 3, θ automatic, any backbone (Glentis Georgoulakis et al. 2023) |
+| `feather-gmp` | Feather on GMP's backbone: uniform, first conv dense (the paper's appendix) |
+| `hard` | p = ∞ with the plain STE, θ = 1 (Bengio et al. 2013; the paper's §4.1) |
+| `soft` | p = 1 with the plain STE, θ = 1 (Donoho 1995; the paper's §4.1) |
+| `nonste` | p = 3, θ = 0: pruned weights get no gradient (the paper's §2.2.2) |
+| `gmp` | uniform, hard mask, θ = 0, first conv dense (Zhu & Gupta 2017) |
+| `st3` | soft threshold, channel rescale, identity backward (Vanderschueren et al. 2023) |
+| `spartan` | Sinkhorn soft top-k, β and density schedules, frozen mask (Tai et al. 2022) |
+
+The methods' operators and backbones are in :mod:`feather_sparse.baselines`
+(references there). A training config reaches a Pruner through
+:func:`build_pruner` only: settings the config leaves unset (``None``) are the
+method's to decide, and a set value that contradicts the method is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from feather_sparse.backbones import BACKBONES, Backbone
+from feather_sparse.ops import OPERATORS, Operator
+from feather_sparse.pruner import Pruner
+from feather_sparse.pruner_config import PrunerConfig
+from feather_sparse.registry import Registry
+from feather_sparse.schedules import LinearSchedule
+
+if TYPE_CHECKING:
+    from feather_sparse.recipes import TrainConfig
+
+__all__ = [
+    "METHODS",
+    "Method",
+    "build_pruner",
+    "check_method",
+    "make_pruner",
+    "pruner_config",
+]
+
+
+def _pruner_arguments() -> frozenset[str]:
+    params = inspect.signature(Pruner.__init__).parameters
+    return frozenset(params) - {"self", "model", "sparsity", "total_steps"}
+
+
+def _config_fields() -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(PrunerConfig) if f.init) - {"sparsity"}
+
+
+def _backbone_name(backbone: Any) -> str:
+    if isinstance(backbone, Backbone):
+        return backbone.name
+    if isinstance(backbone, Mapping):
+        return str(backbone.get("name"))
+    return str(backbone)
+
+
+def _same(key: str, given: Any, fixed: Any) -> bool:
+    if key == "backbone":
+        return BACKBONES._normalize(_backbone_name(given)) == BACKBONES._normalize(fixed)
+    if key == "operator":
+        name = given.name if isinstance(given, Operator) else str(given)
+        return OPERATORS._normalize(name) == OPERATORS._normalize(fixed)
+    if key == "theta":
+        return not isinstance(given, str) and float(given) == float(fixed)
+    return bool(given == fixed)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named sparse-training method: a Pruner configuration with a source.
+
+    Args:
+        name: the registry name (``--method`` on the command line).
+        summary: one line on what it does.
+        reference: where it comes from.
+        fixed: Pruner arguments that define the method; passing another
+            value raises (``backbone`` is compared by name, so its options
+            may still be given).
+        defaults: Pruner arguments set unless the caller gives them.
+    """
+
+    name: str
+    summary: str
+    reference: str
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def pruner_kwargs(self, **kwargs: Any) -> dict[str, Any]:
+        """The Pruner's keyword arguments for this method, with the caller's overrides.
+
+        A keyword given as ``None`` is unset: the method (or the Pruner's
+        default) decides it. Keywords that are not Pruner arguments are options of the backbone
+        (``keep_first_dense=True``, ``beta_target=10``): they are merged into
+        its config, ``{"name": ..., **options}``.
+
+        Raises:
+            ValueError: if an override contradicts what defines the method, or
+                backbone options come with a backbone object.
+        """
+        allowed = _pruner_arguments()
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}  # None: unset
+        options = {k: v for k, v in kwargs.items() if k not in allowed}
+        given = {k: v for k, v in kwargs.items() if k in allowed}
+        for key, value in self.fixed.items():
+            if key in given and not _same(key, given[key], value):
+                raise ValueError(
+                    f"method {self.name!r} fixes {key}={value!r} (got {given[key]!r}); "
+                    "use method='feather' to choose it freely"
+                )
+        out: dict[str, Any] = {**self.fixed, **self.defaults, **given}
+        default = self.defaults.get("backbone")
+        if (
+            isinstance(given.get("backbone"), str)
+            and isinstance(default, Mapping)
+            and _same("backbone", given["backbone"], default["name"])
+        ):  # the method's own backbone by name: keep its published options
+            out["backbone"] = dict(default)
+        if options:
+            backbone = out.get("backbone", "global")
+            if isinstance(backbone, Backbone):
+                raise ValueError(
+                    f"backbone options {sorted(options)} given with a backbone object: pass them "
+                    "to its constructor instead"
+                )
+            base = dict(backbone) if isinstance(backbone, Mapping) else {"name": backbone}
+            cls = BACKBONES.get(base["name"])
+            accepted = set(inspect.signature(cls).parameters)
+            unknown = sorted(set(options) - accepted)
+            if unknown:
+                raise ValueError(
+                    f"unknown argument(s) {unknown}: neither Pruner arguments "
+                    f"({', '.join(sorted(allowed))}) nor options of backbone "
+                    f"{base['name']!r} ({', '.join(sorted(accepted)) or 'none'})"
+                )
+            out["backbone"] = {**base, **options}
+        return out
+
+    def config(self, sparsity: float, **kwargs: Any) -> PrunerConfig:
+        """This method's :class:`~feather_sparse.pruner_config.PrunerConfig`.
+
+        Args:
+            sparsity: final target sparsity.
+            **kwargs: as for :meth:`pruner_kwargs`, limited to the config's
+                fields (not ``process_group``, which is no setting).
+        """
+        settings = self.pruner_kwargs(**kwargs)
+        extra = sorted(set(settings) - _config_fields())
+        if extra:
+            raise ValueError(f"not PrunerConfig fields: {extra}; pass them to the Pruner instead")
+        return PrunerConfig(sparsity, **settings)
+
+    def build(self, model: nn.Module, sparsity: float, total_steps: int, **kwargs: Any) -> Pruner:
+        """A :class:`~feather_sparse.pruner.Pruner` for ``model`` running this method."""
+        return Pruner(model, sparsity, total_steps, **self.pruner_kwargs(**kwargs))
+
+
+METHODS: Registry[Method] = Registry("method")
+METHODS.register(
+    "feather",
+    Method(
+        "feather",
+        "Feather: P_T with p = 3 and automatic θ; any operator, θ or backbone may be given",
+        "Glentis Georgoulakis, Retsinas & Maragos, BMVC 2023",
+    ),
+)
+METHODS.register(
+    "feather-gmp",
+    Method(
+        "feather-gmp",
+        "Feather (its operator and θ, any may be given) on GMP's backbone: uniform per-layer "
+        "sparsity, first conv dense",
+        "Glentis Georgoulakis et al. 2023, appendix (Feather with the GMP backbone)",
+        fixed={"backbone": "uniform"},
+        defaults={"backbone": {"name": "uniform", "keep_first_dense": True}},
+    ),
+)
+METHODS.register(
+    "hard",
+    Method(
+        "hard",
+        "hard thresholding (p = inf) with the plain straight-through estimator (θ = 1)",
+        "Bengio, Léonard & Courville 2013 (STE); the Feather paper's operator ablation (§4.1)",
+        fixed={"operator": "hard", "theta": 1.0},
+    ),
+)
+METHODS.register(
+    "soft",
+    Method(
+        "soft",
+        "soft thresholding (p = 1) with the plain straight-through estimator (θ = 1)",
+        "Donoho 1995 (soft thresholding); the Feather paper's operator ablation (§4.1)",
+        fixed={"operator": "soft", "theta": 1.0},
+    ),
+)
+METHODS.register(
+    "nonste",
+    Method(
+        "nonste",
+        "Feather's operator with θ = 0: pruned weights receive no gradient",
+        "Glentis Georgoulakis et al. 2023, §2.2.2 (gradient scaling, θ = 0)",
+        fixed={"theta": 0.0},
+    ),
+)
+METHODS.register(
+    "gmp",
+    Method(
+        "gmp",
+        "GMP: uniform per-layer sparsity, hard mask, zero gradient to pruned weights, "
+        "first conv dense",
+        "Zhu & Gupta 2017, 'To prune, or not to prune', arXiv:1710.01878",
+        fixed={"operator": "hard", "theta": 0.0, "backbone": "uniform"},
+        defaults={"backbone": {"name": "uniform", "keep_first_dense": True}},
+    ),
+)
+METHODS.register(
+    "st3",
+    Method(
+        "st3",
+        "ST-3: soft thresholding, per-output-channel rescale, identity backward, global "
+        "threshold every step (backbone='global-flops' gives ST-3σ)",
+        "Vanderschueren & De Vleeschouwer, WACV 2023, arXiv:2212.01076",
+        fixed={"operator": "st3", "theta": 1.0},
+    ),
+)
+METHODS.register(
+    "spartan",
+    Method(
+        "spartan",
+        "Spartan: Sinkhorn soft top-k mask, linear density (first 20 %) and β schedules, "
+        "mask frozen for the last 20 %",
+        "Tai, Tian & Lim, NeurIPS 2022, arXiv:2205.14107",
+        fixed={"backbone": "spartan", "operator": "hard", "theta": 1.0},
+        defaults={"schedule": LinearSchedule(start=0.0, end=0.2)},
+    ),
+)
+
+
+def make_pruner(
+    model: nn.Module,
+    method: str | Method = "feather",
+    *,
+    sparsity: float,
+    total_steps: int,
+    **kwargs: Any,
+) -> Pruner:
+    """A Pruner running ``method`` (a name in :data:`METHODS`, or a :class:`Method`).
+
+    Args:
+        model: the model to prune.
+        method: ``"feather"`` (default), ``"feather-gmp"``, ``"hard"``, ``"soft"``,
+            ``"nonste"``, ``"gmp"``, ``"st3"``, ``"spartan"``, or a :class:`Method`.
+        sparsity: final target sparsity.
+        total_steps: number of ``pruner.step()`` calls in the whole training.
+        **kwargs: any other :class:`~feather_sparse.pruner.Pruner` argument
+            (``backbone``, ``schedule``, ``exclude``, ...; ``None`` leaves it to
+            the method), and options of the method's backbone
+            (``keep_first_dense``, ``beta_target``, ``lam``, ...).
+
+    Returns:
+        The attached :class:`~feather_sparse.pruner.Pruner`.
+
+    Raises:
+        ValueError: for an unknown method (listing the choices) or an argument
+            that contradicts the method.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+        >>> pruner = make_pruner(model, "gmp", sparsity=0.5, total_steps=100)
+        >>> pruner.backbone.config()
+        {'name': 'uniform', 'keep_first_dense': True}
+    """
+    spec = METHODS.get(method)
+    if not isinstance(spec, Method):
+        raise ValueError(f"method must be one of {', '.join(METHODS.names())} or a Method")
+    return spec.build(model, sparsity, total_steps, **kwargs)
+
+
+# ---------------------------------------------------------- from a training config
+def _method(config: TrainConfig) -> Method:
+    if config.method not in METHODS:
+        raise ValueError(
+            f"method: unknown method {config.method!r}; choose one of: {', '.join(METHODS.names())}"
+        )
+    method: Method = METHODS.get(config.method)
+    return method
+
+
+def check_method(config: TrainConfig) -> None:
+    """Raise unless ``config`` is dense or names a registered method.
+
+    Raises:
+        ValueError: naming the field and the choices.
+    """
+    if not config.dense:
+        _method(config)
+
+
+def _schedule_unset(config: TrainConfig) -> bool:
+    """Whether the config's schedule fields all hold their defaults (the method may decide)."""
+    names = ("schedule", "schedule_start", "schedule_end")
+    defaults = {f.name: f.default for f in dataclasses.fields(type(config)) if f.name in names}
+    return all(getattr(config, name) == defaults[name] for name in names)
+
+
+def pruner_config(config: TrainConfig) -> PrunerConfig:
+    """The :class:`~feather_sparse.pruner_config.PrunerConfig` a training config asks for.
+
+    ``config.method`` picks the :class:`Method`; ``operator``, ``p``,
+    ``theta`` and ``backbone`` left unset (``None``) are the method's to
+    decide, and one set to a value the method fixes otherwise is an error
+    (``method=gmp, operator=soft``; ``method=hard, operator=feather``), while
+    the same value is fine. The schedule fields are passed on unless they
+    all hold their defaults and the method has its own schedule (Spartan's).
+
+    Raises:
+        ValueError: for an unknown method (naming the field and the choices),
+            a field that contradicts the method, or a value outside its rule.
+    """
+    method = _method(config)
+    schedule: dict[str, Any] | None = {
+        "name": config.schedule,
+        "start": config.schedule_start,
+        "end": config.schedule_end,
+    }
+    if "schedule" in method.defaults and _schedule_unset(config):
+        schedule = None  # the method's own schedule
+    return method.config(
+        config.sparsity,
+        operator=config.operator,
+        p=config.p,
+        theta=config.theta,
+        backbone=config.backbone,
+        schedule=schedule,
+        theta_rule=config.theta_rule,
+        update_every=config.update_every,
+        exclude=config.exclude,
+        max_layer_sparsity=config.max_layer_sparsity,
+    )
+
+
+def build_pruner(config: TrainConfig, model: nn.Module, total_steps: int) -> Pruner | None:
+    """The Pruner a training config asks for, attached to ``model``; ``None`` when dense.
+
+    The one place that turns a ``TrainConfig`` into a Pruner: the settings
+    come from :func:`pruner_config` (which says how a method's own settings
+    and the config's combine).
+
+    Args:
+        config: the run's ``TrainConfig``.
+        model: the model to prune.
+        total_steps: number of ``pruner.step()`` calls in the whole training.
+
+    Raises:
+        ValueError: for an unknown method, a field that contradicts it, or a
+            model the Pruner cannot attach to.
+    """
+    if config.dense:
+        return None
+    return Pruner.from_config(model, pruner_config(config), total_steps)
