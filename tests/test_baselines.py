@@ -338,8 +338,9 @@ TINY_RUN = [
 
 
 def test_build_pruner_maps_methods_and_refuses_contradictions() -> None:
+    from feather_sparse.methods import build_pruner
     from feather_sparse.recipes import load_config
-    from feather_sparse.train import build_optimizer, build_pruner
+    from feather_sparse.train import build_optimizer
 
     def build(**overrides: Any) -> fs.Pruner:
         pruner = build_pruner(load_config("mnist1d", overrides), SmallCNN(), 100)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from feather_sparse.bench.driver import ExperimentResult, run_experiment
 from feather_sparse.bench.experiments import EXPERIMENTS, Experiment
-from feather_sparse.bench.feather_gmp import FEATHER_GMP, register_methods
 from feather_sparse.bench.options import DEFAULT_BENCH_RECIPE, DEFAULT_SEEDS, BenchOptions
 from feather_sparse.bench.pages import Context, Grid, machine_description
 from feather_sparse.bench.runner import RunOutcome, RunSpec, execute_runs, run_key
@@ -41,7 +40,6 @@ __all__ = [
     "DEFAULT_BENCH_RECIPE",
     "DEFAULT_SEEDS",
     "EXPERIMENTS",
-    "FEATHER_GMP",
     "BenchOptions",
     "Context",
     "Experiment",
@@ -51,7 +49,6 @@ __all__ = [
     "RunSpec",
     "execute_runs",
     "machine_description",
-    "register_methods",
     "run_experiment",
     "run_key",
 ]

@@ -28,9 +28,9 @@ import torch
 from feather_sparse import train as training
 from feather_sparse._version import __version__
 from feather_sparse.analysis import MaskStabilityRecorder, count_flops, layer_sparsity
-from feather_sparse.bench.feather_gmp import register_methods
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.data import DATASETS, load_dataset
+from feather_sparse.methods import METHODS, pruner_config
 from feather_sparse.models import create_model, list_models
 from feather_sparse.recipes import TrainConfig, load_config
 
@@ -178,7 +178,29 @@ def _config_dict(opts: BenchOptions, spec: RunSpec) -> dict[str, Any]:
     values = opts.base_overrides()
     values.update(spec.settings)
     values["seed"] = spec.seed
-    return load_config(opts.recipe, values).to_dict()
+    return _canonical(load_config(opts.recipe, values)).to_dict()
+
+
+_METHOD_DECIDED = ("operator", "p", "theta", "backbone")
+
+
+def _canonical(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with every setting its method would choose anyway left unset.
+
+    Two cells that train the same run (``operator="feather"`` given, or left
+    to the method) get one config, hence one run key, and the run is trained
+    once.
+    """
+    if cfg.dense:
+        return cfg
+    resolved = pruner_config(cfg)
+    for name in _METHOD_DECIDED:
+        if getattr(cfg, name) is None:
+            continue
+        unset = cfg.replace(**{name: None})
+        if pruner_config(unset) == resolved:
+            cfg = unset
+    return cfg
 
 
 def run_key(config: Mapping[str, Any]) -> str:
@@ -209,7 +231,6 @@ def _execute(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
     (and writes) the :class:`RunOutcome` as JSON; an exception during training
     becomes an outcome with ``ok=False``.
     """
-    register_methods()
     path = Path(run_dir)
     key = path.name
     started = time.perf_counter()
@@ -269,8 +290,7 @@ def _execute(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
 
 def _check_names(configs: Sequence[Mapping[str, Any]]) -> None:
     """Fail before any training when a method, model or data set is unknown."""
-    register_methods()
-    methods = sorted({*training.SUPPORTED_METHODS, *training.PRUNER_BUILDERS.names()})
+    methods = METHODS.names()
     models = set(list_models())
     for cfg in configs:
         if not cfg["dense"] and cfg["method"] not in methods:

@@ -141,7 +141,7 @@ class SparsePointwiseConv(nn.Module):
         if not batched:
             x = x.unsqueeze(0)
         if any(s != 1 for s in self.stride):
-            index = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in self.stride)
+            index = (slice(None), slice(None), *(slice(None, None, s) for s in self.stride))
             x = x[index]
         n, spatial = x.shape[0], x.shape[2:]
         columns = x.movedim(1, 0).reshape(self.in_channels, -1)  # (in, N·spatial)

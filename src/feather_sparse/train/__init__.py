@@ -13,13 +13,15 @@ Pruner (Glentis Georgoulakis, Retsinas & Maragos, BMVC 2023) or, with
 This package only re-exports. One module per job, in the order a run uses them:
 
 - :mod:`~feather_sparse.train.dist`: the device and this process's rank (DDP);
-- :mod:`~feather_sparse.train.pruner_build`: the config's method → a Pruner;
 - :mod:`~feather_sparse.train.optim`: optimizer and learning-rate schedule;
 - :mod:`~feather_sparse.train.session`: one session's state, built or restored;
 - :mod:`~feather_sparse.train.loop`: the epoch loop, evaluation, :func:`train`;
 - :mod:`~feather_sparse.train.checkpoint`: ``last.pt``, RNG states, resume checks;
 - :mod:`~feather_sparse.train.run_dir`: the run folder, its files and log;
 - :mod:`~feather_sparse.train.progress`: the progress bar and console lines.
+
+The config → Pruner mapping is :func:`feather_sparse.methods.build_pruner`
+(re-exported here, where it used to live).
 
 The command line (``add_cli_arguments``, ``run_cli``) lives in
 :mod:`feather_sparse.cli.train`; the two names are still importable from here.
@@ -30,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 # ``X as X``: names the former single module offered outside ``__all__``, kept importable.
+from feather_sparse.methods import build_pruner
 from feather_sparse.train.checkpoint import (
     CHECKPOINT_FORMAT,
     RESUME_FREE_FIELDS,
@@ -56,8 +59,6 @@ from feather_sparse.train.loop import (
 from feather_sparse.train.optim import build_lr_scheduler, build_optimizer, lr_factor
 from feather_sparse.train.progress import BAR_REFRESHES_PER_EPOCH as BAR_REFRESHES_PER_EPOCH
 from feather_sparse.train.progress import LOG_INTERVAL_S as LOG_INTERVAL_S
-from feather_sparse.train.pruner_build import PRUNER_BUILDERS as PRUNER_BUILDERS
-from feather_sparse.train.pruner_build import SUPPORTED_METHODS, build_pruner
 from feather_sparse.train.run_dir import DEFAULT_RUNS_ROOT as DEFAULT_RUNS_ROOT
 from feather_sparse.train.run_dir import RUN_FORMAT as RUN_FORMAT
 from feather_sparse.train.run_dir import default_run_dir
@@ -65,7 +66,6 @@ from feather_sparse.train.run_dir import default_run_dir
 __all__ = [
     "CHECKPOINT_FORMAT",
     "RESUME_FREE_FIELDS",
-    "SUPPORTED_METHODS",
     "DistContext",
     "EpochCallback",
     "TrainResult",

@@ -240,5 +240,5 @@ def resume_config(
         ValueError: for an unknown field or bad value in ``overrides``, or
             when no intact checkpoint is left.
     """
-    saved = TrainConfig.from_dict(load_latest_checkpoint(run_dir)["config"])
+    saved = TrainConfig.from_record(load_latest_checkpoint(run_dir)["config"])
     return saved.replace(**(overrides or {}))

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from feather_sparse.integrity import DiskFullError
+from feather_sparse.methods import check_method
 from feather_sparse.pruner import PrunerReport
 from feather_sparse.recipes import TrainConfig
 from feather_sparse.train.checkpoint import (
@@ -50,7 +51,6 @@ from feather_sparse.train.progress import (
     _threshold_value,
     _use_bar,
 )
-from feather_sparse.train.pruner_build import _check_method
 from feather_sparse.train.run_dir import (
     _export_unavailable,
     _finished_run,
@@ -497,7 +497,7 @@ def train(
             f"dataset: unknown dataset {config.dataset!r}; choose one of: "
             f"{', '.join(DATASETS.names())}"
         )
-    _check_method(config)
+    check_method(config)
     if stop_after_epoch is not None and stop_after_epoch < 1:
         raise ValueError(f"stop_after_epoch must be >= 1, got {stop_after_epoch}")
     device = resolve_device(config.device)
@@ -527,7 +527,7 @@ def train(
         if finished is not None:
             return _finished_result(config, run_path, finished, started)
         checkpoint = load_latest_checkpoint(run_path, set_aside_damaged=ctx.is_main)
-        _check_resume(config, TrainConfig.from_dict(checkpoint["config"]))
+        _check_resume(config, TrainConfig.from_record(checkpoint["config"]))
     elif ckpt_file.exists():
         raise ValueError(
             f"{run_path} already holds a run (checkpoints/last.pt); resume it with "

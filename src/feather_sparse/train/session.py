@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from feather_sparse._version import __version__
+from feather_sparse.methods import build_pruner
 from feather_sparse.recipes import TrainConfig
 from feather_sparse.train.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -29,7 +30,6 @@ from feather_sparse.train.checkpoint import (
 )
 from feather_sparse.train.dist import DistContext
 from feather_sparse.train.optim import build_lr_scheduler, build_optimizer
-from feather_sparse.train.pruner_build import build_pruner
 from feather_sparse.train.run_dir import RUN_FORMAT, _trim_metrics, _write_json
 
 logger = logging.getLogger(__name__)

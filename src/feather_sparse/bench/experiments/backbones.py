@@ -12,7 +12,6 @@ from feather_sparse.bench.experiments.base import (
     cells,
     sparsity_ticks,
 )
-from feather_sparse.bench.feather_gmp import FEATHER_GMP
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img, pct
 from feather_sparse.bench.runner import RunSpec
@@ -23,7 +22,7 @@ __all__ = ["BACKBONE_ROWS", "EXPERIMENT"]
 #: ``backbones``' rows: each backbone with and without Feather (appendix).
 BACKBONE_ROWS: dict[str, dict[str, Any]] = {
     "GMP": {"method": "gmp"},
-    "Feather-GMP": {"method": FEATHER_GMP},
+    "Feather-GMP": {"method": "feather-gmp"},
     "ASL+": {"method": "hard", "backbone": "asl+"},
     "Feather-ASL+": {"method": "feather", "backbone": "asl+"},
 }
