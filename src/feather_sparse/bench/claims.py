@@ -168,7 +168,7 @@ CLAIMS: tuple[_Claim, ...] = (
     ),
     _Claim(
         "p = 3 best: above {worse}",
-        "appendix, p = 2 and p = 4; Fig. 1b",
+        "appendix: p = 3 above p = 2, p = 4 no better; Fig. 2 for p = 1, ∞",
         "p",
         lambda cells: [(_P3, g) for g in sorted({g for g, _ in cells if g != _P3})],
         where="every sparsity",
