@@ -22,10 +22,14 @@ any experiment can be summarised from any run.
 
 The flow, one module per step::
 
-    options (BenchOptions) -> experiments/<name>.plan -> runner (train, store)
-        -> experiments/<name>.summarize -> pages (tables, footer, files)
+    suites (named presets) -> options (BenchOptions) -> experiments/<name>.plan
+        -> runner (check the data, train, store) -> experiments/<name>.summarize
+        -> pages (tables, paired differences from stats, footer, files)
 
-``driver.run_experiment`` runs those steps for one experiment.
+``driver.run_experiment`` runs those steps for one experiment and
+``driver.train_experiments`` trains several experiments' runs in one pool;
+``claims`` reads a finished folder back and sets the paper's claims against it.
+``feather_gmp`` is the bench's one method of its own.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ __all__ = [
     "check_data",
     "execute_runs",
     "jsonable",
+    "load_outcome",
     "plan_runs",
     "run_key",
 ]
@@ -212,7 +213,8 @@ def run_key(config: Mapping[str, Any]) -> str:
     return f"{method}-s{sparsity:g}-seed{config.get('seed')}-{digest}"
 
 
-def _load_outcome(run_dir: Path) -> RunOutcome | None:
+def load_outcome(run_dir: Path) -> RunOutcome | None:
+    """The stored outcome of a run folder; None if it has none (or an unreadable one)."""
     file = run_dir / "result.json"
     if not file.is_file():
         return None
@@ -379,7 +381,7 @@ def plan_runs(opts: BenchOptions, specs: Sequence[RunSpec]) -> RunPlan:
     for key, cfg in zip(keys, configs):
         if key in stored or key in todo:
             continue
-        found = None if opts.force else _load_outcome(opts.runs_path / key)
+        found = None if opts.force else load_outcome(opts.runs_path / key)
         if found is not None and found.ok:
             stored[key] = found
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import textwrap
 from pathlib import Path
@@ -17,6 +18,7 @@ from feather_sparse.bench import (
     RunSpec,
     run_experiment,
 )
+from feather_sparse.bench.claims import write_claims
 from feather_sparse.bench.driver import plan_experiments, train_experiments
 from feather_sparse.bench.experiments.compare import COMPARE_METHODS
 from feather_sparse.bench.runner import TRACEBACK_FILE, check_data, plan_runs
@@ -68,7 +70,11 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         )
     )
     parser.add_argument(
-        "experiment", choices=[*names, "all"], metavar="EXPERIMENT", help="|".join(names) + "|all"
+        "experiment",
+        choices=[*names, "all", "claims"],
+        metavar="EXPERIMENT",
+        help="|".join(names) + "|all, or claims: where the paper's claims stand on the "
+        "stored results in --out (trains nothing)",
     )
     parser.add_argument("--quick", action="store_true", help="CI-sized smoke run")
     parser.add_argument(
@@ -217,6 +223,13 @@ def _announce(names: list[str], opts: BenchOptions) -> None:
 def run(command: str, args: argparse.Namespace) -> int:
     """Run ``feather-sparse bench``; prints one line per finished run and the pages written."""
     opts = options_from_args(args)
+    if args.experiment == "claims":
+        argv = ["feather-sparse", "bench", "claims"]
+        argv += ["--suite", opts.suite] if opts.suite else []
+        argv += ["--out", str(opts.out), "--runs-dir", str(opts.runs_path)]
+        page = write_claims(opts.out, opts.runs_path, shlex.join(argv))
+        print(f"claims -> {page}")
+        return 0
     names = _experiment_names(args)
     try:
         return _run(names, opts)
