@@ -130,7 +130,7 @@ def _os_error(err: OSError, path: Path, action: str) -> OSError:
         )
     else:
         return err
-    out.errno, out.strerror, out.filename = err.errno, err.strerror, str(path)
+    out.errno = err.errno  # (no filename: str() stays the one line above)
     return out
 
 
@@ -151,6 +151,14 @@ def _fsync_dir(folder: Path) -> None:
 
 def _temp_in(folder: Path, name: str) -> tuple[int, str]:
     return tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+
+
+def _write_file(fd: int, data: bytes) -> None:
+    """Write ``data`` to the open file ``fd``, close it, and make it durable (fsync)."""
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _keep_copy(path: Path, previous: Path) -> None:
@@ -197,10 +205,7 @@ def write_atomic(
     except OSError as err:
         raise _os_error(err, path, "writing") from err
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_file(fd, data)
         os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes it private (0600)
         if keep_previous is not None and path.is_file():
             _keep_copy(path, Path(keep_previous))

@@ -16,6 +16,7 @@ This package only re-exports. One module per job, in the order a run uses them:
 - :mod:`~feather_sparse.train.optim`: optimizer and learning-rate schedule;
 - :mod:`~feather_sparse.train.session`: one session's state, built or restored;
 - :mod:`~feather_sparse.train.loop`: the epoch loop, evaluation, :func:`train`;
+- :mod:`~feather_sparse.train.result`: what :func:`train` returns or raises on Ctrl-C;
 - :mod:`~feather_sparse.train.checkpoint`: ``last.pt``, RNG states, resume checks;
 - :mod:`~feather_sparse.train.run_dir`: the run folder, its files and log;
 - :mod:`~feather_sparse.train.progress`: the progress bar and console lines.
@@ -49,16 +50,11 @@ from feather_sparse.train.dist import (
     init_distributed,
     resolve_device,
 )
-from feather_sparse.train.loop import (
-    EpochCallback,
-    TrainingInterrupted,
-    TrainResult,
-    evaluate,
-    train,
-)
+from feather_sparse.train.loop import EpochCallback, evaluate, train
 from feather_sparse.train.optim import build_lr_scheduler, build_optimizer, lr_factor
 from feather_sparse.train.progress import BAR_REFRESHES_PER_EPOCH as BAR_REFRESHES_PER_EPOCH
 from feather_sparse.train.progress import LOG_INTERVAL_S as LOG_INTERVAL_S
+from feather_sparse.train.result import TrainingInterrupted, TrainResult
 from feather_sparse.train.run_dir import DEFAULT_RUNS_ROOT as DEFAULT_RUNS_ROOT
 from feather_sparse.train.run_dir import RUN_FORMAT as RUN_FORMAT
 from feather_sparse.train.run_dir import default_run_dir

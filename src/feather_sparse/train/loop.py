@@ -16,7 +16,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from feather_sparse.recipes import TrainConfig
 from feather_sparse.train.checkpoint import (
     _check_resume,
     checkpoint_path,
+    load_checkpoint,
     load_latest_checkpoint,
     save_checkpoint,
 )
@@ -51,6 +51,7 @@ from feather_sparse.train.progress import (
     _threshold_value,
     _use_bar,
 )
+from feather_sparse.train.result import TrainingInterrupted, TrainResult
 from feather_sparse.train.run_dir import (
     _export_unavailable,
     _finished_run,
@@ -102,81 +103,7 @@ def evaluate(
     return loss_sum / count, correct / count
 
 
-@dataclass(frozen=True)
-class TrainResult:
-    """What :func:`train` hands back.
-
-    Attributes:
-        run_dir: the run folder.
-        config: the config the run used.
-        model: the trained model; after a completed run the weights hold
-            ``P_T(w)`` (exact zeros) and no parametrization is attached.
-        completed: False when stopped early (``stop_after_epoch``); the run
-            can be resumed then, and nothing was finalized or exported.
-        epochs: epochs completed.
-        steps: optimizer steps completed.
-        test_accuracy: top-1 accuracy of the final (finalized) model, or of the
-            last epoch when not completed.
-        test_loss: its mean cross-entropy.
-        sparsity: fraction of zeros among the prunable weights (0 when dense).
-        target_sparsity: the requested sparsity (0 when dense).
-        report: the Pruner's per-layer report before finalizing (None when dense).
-        table: the per-layer table printed at the end (Markdown).
-        model_path: the saved model (``model.fsp`` or ``model.pt``), if any.
-        wall_time: seconds spent in this call.
-        history: the per-epoch metrics of this and earlier sessions.
-    """
-
-    run_dir: Path
-    config: TrainConfig
-    model: nn.Module
-    completed: bool
-    epochs: int
-    steps: int
-    test_accuracy: float
-    test_loss: float
-    sparsity: float
-    target_sparsity: float
-    report: PrunerReport | None
-    table: str
-    model_path: Path | None
-    wall_time: float
-    history: list[dict[str, Any]] = field(default_factory=list)
-
-
 # ===================================================================== the loop
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C during training: where the run stopped, and the command that continues it.
-
-    A ``KeyboardInterrupt``, so code that catches that still does; the CLI
-    prints the message and exits with 130.
-
-    Attributes:
-        run_dir: the run folder.
-        epoch: epochs completed when interrupted.
-        step: optimizer steps completed.
-        saved_epoch: the epoch the newest checkpoint holds (None: none saved).
-    """
-
-    def __init__(
-        self, run_dir: Path, epoch: int, step: int, epochs: int, saved_epoch: int | None
-    ) -> None:
-        self.run_dir, self.epoch, self.step, self.saved_epoch = run_dir, epoch, step, saved_epoch
-        where = (
-            f"while finishing, after epoch {epoch}/{epochs}"
-            if epoch >= epochs
-            else f"in epoch {epoch + 1}/{epochs} at step {step}"
-        )
-        if saved_epoch is None:
-            then = "no epoch was finished, nothing was saved; start the run again"
-        else:
-            then = (
-                f"the last checkpoint holds epoch {saved_epoch}; continue with: "
-                f"feather-sparse train --resume {run_dir}"
-            )
-        super().__init__(f"interrupted {where}; {then}")
-
-
 def _save(s: _Session, row: dict[str, Any]) -> None:
     """Checkpoint the session (the one before kept as ``prev.pt``); a full disk says so."""
     path = checkpoint_path(s.run_dir)
@@ -431,7 +358,13 @@ def _train(
     except KeyboardInterrupt as err:
         if isinstance(err, TrainingInterrupted):
             raise
-        raise TrainingInterrupted(run_dir, s.epoch, s.step, config.epochs, s.saved_epoch) from None
+        saved = s.saved_epoch
+        if saved != s.epoch and checkpoint_path(run_dir).is_file():
+            # Ctrl-C may land after the checkpoint's rename but before the
+            # save returned: the file, not the counter, says what was saved.
+            with contextlib.suppress(Exception):
+                saved = int(load_checkpoint(checkpoint_path(run_dir))["epoch"])
+        raise TrainingInterrupted(run_dir, s.epoch, s.step, config.epochs, saved) from None
     finally:
         if writer is not None:
             writer.close()
