@@ -142,6 +142,15 @@ def _check_byte_order() -> None:
 _TMP_SUFFIX = ".tmp"
 
 
+def _container_metadata(library_version: str, format_version: int) -> dict[str, str]:
+    """The safetensors ``__metadata__`` of a ``.fsp``: names the format without decoding."""
+    return {
+        "format": FORMAT_NAME,
+        "format_version": str(format_version),
+        "library_version": library_version,
+    }
+
+
 def check_writable(target: Path, example: str = "model.fsp") -> None:
     """Raise a clear ``OSError`` if ``target`` cannot be a file we write.
 
@@ -368,12 +377,7 @@ def save_sparse(
         DATA_KEY: _from_bytes(b"".join(chunks), torch.uint8, (sum(map(len, chunks)),)),
     }
     data = _safetensors("safetensors.torch").save(
-        entries,
-        metadata={
-            "format": FORMAT_NAME,
-            "format_version": str(FORMAT_VERSION),
-            "library_version": __version__,
-        },
+        entries, metadata=_container_metadata(__version__, FORMAT_VERSION)
     )
     _write_atomically(target, data)
     info = _parse_header(str(target), header, target.stat().st_size)
@@ -439,11 +443,19 @@ def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo
         )
     try:
         with safe_open(str(p), framework="pt", device="cpu") as f:
-            _check_format(str(p), f.metadata() or {})
+            outer = f.metadata() or {}
+            _check_format(str(p), outer)
             keys = set(f.keys())
             if not {HEADER_KEY, DATA_KEY} <= keys:
                 raise ValueError(f"{p}: the file is corrupted (entries {sorted(keys)})")
             info = _parse_header(str(p), _raw_bytes(f.get_tensor(HEADER_KEY)), p.stat().st_size)
+            # The safetensors metadata has no checksum of its own: it must repeat
+            # the checksummed header exactly, or a damaged byte there goes unseen.
+            if outer != _container_metadata(info.library_version, info.format_version):
+                raise ValueError(
+                    f"{p}: the file is corrupted (its safetensors metadata {outer} does not "
+                    "match its header)"
+                )
             data = _raw_bytes(f.get_tensor(DATA_KEY)) if with_data else b""
     except SafetensorError as err:
         raise ValueError(
@@ -496,11 +508,15 @@ def _decode_record(record: TensorRecord, payload: bytes) -> Tensor:
 
 
 def _decode_all(info: SparseFileInfo, data: bytes) -> dict[str, Tensor]:
+    """Every tensor of the file; a damaged one is an error naming the file and the tensor."""
     state: dict[str, Tensor] = {}
     offset = 0
     for record in info.tensors:
         size = record.stored_bytes
-        state[record.name] = _decode_record(record, data[offset : offset + size])
+        try:
+            state[record.name] = _decode_record(record, data[offset : offset + size])
+        except ValueError as err:
+            raise ValueError(f"{info.path}: {err}") from None
         offset += size
     return state
 
