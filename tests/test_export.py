@@ -882,3 +882,19 @@ def test_cli_export_onnx(
     assert cli.main(["export", str(run), "--onnx", str(tmp_path / "m.onnx")]) == 0
     assert "onnxruntime matches PyTorch" in capsys.readouterr().out
     assert (tmp_path / "m.onnx").stat().st_size > 0
+
+
+def test_onnx_export_rejects_what_it_cannot_write(tmp_path: Path) -> None:
+    pytest.importorskip("onnx")
+    net = prune_(MixedNet(), 0.9).eval()
+    with pytest.raises(ValueError, match="opset 5 is older than this setup exports"):
+        export_onnx(net, tmp_path / "net.onnx", torch.randn(2, 1, 40), opset=5)
+    with pytest.raises(ValueError, match=r"does not run on an input of shape \(2, 1, 7\)"):
+        export_onnx(net, tmp_path / "net.onnx", torch.randn(2, 1, 7))
+    assert not (tmp_path / "net.onnx").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists(), reason="needs /dev/null")
+def test_inspect_of_a_device_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="not a regular file"):
+        inspect_sparse("/dev/null")

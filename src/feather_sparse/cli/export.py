@@ -74,10 +74,11 @@ def run(command: str, args: argparse.Namespace) -> int:
     try:
         return _run(command, args)
     except OSError as err:
-        if isinstance(err, FileNotFoundError):
-            raise  # the CLI's own handler prints it
         # A folder given for a file, a read-only or full disk: one line, not a traceback.
-        print(f"feather-sparse {command}: error: {err.strerror or err}", file=sys.stderr)
+        text = err.strerror or str(err)
+        if err.filename is not None:
+            text = f"{text}: {err.filename}"
+        print(f"feather-sparse {command}: error: {text}", file=sys.stderr)
         return 1
 
 

@@ -428,8 +428,10 @@ def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo
             f"{p} is a folder, not a sparse checkpoint; give the .fsp file "
             f"(a training run keeps it as {p / 'model.fsp'})",
         )
-    if not p.is_file():
+    if not p.exists():
         raise FileNotFoundError(f"sparse checkpoint {str(p)!r} does not exist")
+    if not p.is_file():
+        raise ValueError(f"{p} is not a regular file, so not a sparse checkpoint")
     kind = sniff(p)
     if kind == "zip":
         raise ValueError(
