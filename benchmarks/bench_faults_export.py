@@ -64,6 +64,7 @@ class Row:
     detected: int
     overwritten: int
     temp_left: str = "–"
+    note: str = ""
 
     @property
     def share(self) -> float:
@@ -120,7 +121,7 @@ def _damage_runs(
     shutil.copyfile(source, good)
     damaged = folder / "damaged.fsp"
     data = source.read_bytes()
-    row = Row(name, cases, 0, 0)
+    row = Row(name, cases, 0, 0, note=f"{source.stat().st_size:,}-byte file")
     for _ in range(cases):
         damaged.write_bytes(damage(data))
         detected, overwritten = check_damaged(damaged, good)
@@ -179,17 +180,19 @@ def sigkill_during_export(source: Path, kills: int, rng: random.Random) -> Row:
     full = _timed(argv)
     new_state = load_sparse(target).state_dict()
     row = Row("SIGKILL during export", kills, 0, 0)
-    left_now = left_after = 0
+    left_now = left_after = kept_old = finished = 0
     for _ in range(kills):
         target.write_bytes(old)
         child = subprocess.Popen(
             argv, env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         time.sleep(rng.uniform(startup, full))
+        finished += child.poll() is not None  # ran to the end: the kill changes nothing
         child.send_signal(signal.SIGKILL)
         child.wait()
         current = target.read_bytes()
         whole = current == old
+        kept_old += whole
         if not whole:
             try:
                 state = load_sparse(target).state_dict()
@@ -203,18 +206,24 @@ def sigkill_during_export(source: Path, kills: int, rng: random.Random) -> Row:
             cli.main(["export", str(source), "-o", str(target)])  # the next export
         left_after += any(folder.glob(TMP_GLOB))
     row.temp_left = f"{left_now} right after the kill, {left_after} after the next export"
+    row.note = (
+        f"killed {startup:.1f}-{full:.1f} s after the start: {kills - finished} while running "
+        f"({kept_old} before and {kills - finished - kept_old} after the rename), "
+        f"{finished} after the command had finished"
+    )
     return row
 
 
 def table(rows: list[Row]) -> str:
     lines = [
-        "| fault | cases | detected | good `model.fsp` overwritten | temporary files left |",
-        "|---|---:|---:|---:|---|",
+        "| fault | cases | detected | good `model.fsp` overwritten | temporary files left "
+        "| notes |",
+        "|---|---:|---:|---:|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.fault} | {r.cases} | {r.detected}/{r.cases} ({100 * r.share:.1f} %) "
-            f"| {r.overwritten} | {r.temp_left} |"
+            f"| {r.overwritten} | {r.temp_left} | {r.note} |"
         )
     return "\n".join(lines)
 
