@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from feather_sparse.export.codec import _VALUE_DTYPES
-from feather_sparse.export.fsp import check_writable, inspect_sparse, save_sparse
+from feather_sparse.export.files import check_writable
+from feather_sparse.export.fsp import inspect_sparse, save_sparse
 from feather_sparse.export.header import MODEL_SPEC_ATTR, format_info, human_bytes
 from feather_sparse.export.onnx import export_onnx, verify_onnx
 from feather_sparse.export.run import load_export_source, resolve_source

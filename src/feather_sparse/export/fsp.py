@@ -54,7 +54,10 @@ A sparse tensor is stored as its pattern followed by its values:
   values would need.
 
 Every entry's bytes carry a CRC-32, checked on load, so a corrupted file raises
-an error naming the tensor instead of producing a silently wrong model.
+an error naming the file and the tensor instead of producing a silently wrong
+model. The safetensors ``__metadata__`` has no checksum of its own, so it must
+repeat the (checksummed) header exactly. Files are written atomically (see
+:mod:`feather_sparse.export.files`).
 
 ``values`` precision: ``"fp32"`` is lossless — non-zeros keep their tensor's own
 dtype (float32 stays float32; float16, bfloat16 and float64 tensors keep
@@ -65,14 +68,11 @@ and dense tensors are always stored as is.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import glob
 import importlib
 import json
 import logging
 import os
-import secrets
 import sys
 import zlib
 from collections.abc import Mapping
@@ -98,6 +98,7 @@ from feather_sparse.export.codec import (
     _from_bytes,
     _raw_bytes,
 )
+from feather_sparse.export.files import check_writable, sniff, write_atomically
 from feather_sparse.export.header import (
     DATA_KEY,
     FORMAT_NAME,
@@ -133,13 +134,8 @@ def _check_byte_order() -> None:
 
 
 # ---------------------------------------------------------------------------
-# Writing files
+# Saving
 # ---------------------------------------------------------------------------
-
-# Temporary files are named ".<target>.<pid>.<random>.tmp" beside the target, so
-# that the rename is atomic and a later write can tell the leftovers of a
-# killed writer (its pid is gone) from a concurrent writer's file.
-_TMP_SUFFIX = ".tmp"
 
 
 def _container_metadata(library_version: str, format_version: int) -> dict[str, str]:
@@ -149,95 +145,6 @@ def _container_metadata(library_version: str, format_version: int) -> dict[str, 
         "format_version": str(format_version),
         "library_version": library_version,
     }
-
-
-def check_writable(target: Path, example: str = "model.fsp") -> None:
-    """Raise a clear ``OSError`` if ``target`` cannot be a file we write.
-
-    Args:
-        target: the file to write.
-        example: a file name to suggest when ``target`` is a folder.
-    """
-    if target.is_dir():
-        raise IsADirectoryError(
-            errno.EISDIR,
-            f"{target} is a directory; give a file name, e.g. {target / example}",
-        )
-    for parent in (target.parent, *target.parent.parents):
-        if parent.exists():
-            if not parent.is_dir():
-                raise NotADirectoryError(
-                    errno.ENOTDIR, f"cannot write {target}: {parent} is a file, not a folder"
-                )
-            break
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only checks that the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def _remove_stale_temporaries(target: Path) -> None:
-    """Delete the temporary files of writers to ``target`` that were killed."""
-    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
-        return
-    prefix = f".{target.name}."
-    for leftover in target.parent.glob(f"{glob.escape(prefix)}*{_TMP_SUFFIX}"):
-        pid = leftover.name[len(prefix) :].split(".")[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            with contextlib.suppress(OSError):
-                leftover.unlink()
-                logger.info("removed %s, left by a writer that was killed", leftover)
-
-
-def _write_atomically(target: Path, data: bytes) -> None:
-    """Write ``data`` to ``target`` so that readers see the old file or the new one.
-
-    The bytes go to a temporary file in the same folder, are flushed to disk,
-    and replace ``target`` in one rename. If the writer dies, ``target`` is
-    untouched; the next write removes the temporary file it left.
-    """
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise type(err)(
-            err.errno, f"cannot create the folder for {target}: {err.strerror}"
-        ) from None
-    _remove_stale_temporaries(target)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except OSError as err:
-        if err.errno == errno.ENOSPC:
-            raise OSError(
-                errno.ENOSPC,
-                f"the disk is full: could not write {target} "
-                f"({len(data)} bytes); the existing file, if any, is unchanged",
-            ) from None
-        raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    if os.name == "posix":  # make the rename itself durable
-        fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-# ---------------------------------------------------------------------------
-# Saving
-# ---------------------------------------------------------------------------
 
 
 def _model_spec(model: nn.Module) -> dict[str, Any] | None:
@@ -379,7 +286,7 @@ def save_sparse(
     data = _safetensors("safetensors.torch").save(
         entries, metadata=_container_metadata(__version__, FORMAT_VERSION)
     )
-    _write_atomically(target, data)
+    write_atomically(target, data)
     info = _parse_header(str(target), header, target.stat().st_size)
     logger.info(
         "wrote %s: %d bytes (%.1fx smaller than dense, %.3fx the entropy bound)",
@@ -394,27 +301,6 @@ def save_sparse(
 # ---------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------
-
-
-# The first bytes of the files feather-sparse reads: a safetensors file starts
-# with its header's length (8 bytes, little-endian) and then the JSON "{"; a
-# torch.save checkpoint is a zip archive.
-_ZIP_MAGIC = b"PK\x03\x04"
-
-
-def sniff(path: str | os.PathLike[str]) -> str | None:
-    """What kind of file ``path`` is, by its first bytes.
-
-    Returns:
-        ``"safetensors"`` (a ``.fsp``), ``"zip"`` (a ``torch.save`` file) or ``None``.
-    """
-    with open(path, "rb") as f:
-        head = f.read(9)
-    if len(head) == 9 and head[8:9] == b"{":
-        return "safetensors"
-    if head.startswith(_ZIP_MAGIC):
-        return "zip"
-    return None
 
 
 def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo, bytes]:

@@ -21,7 +21,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from feather_sparse.export.fsp import inspect_sparse, load_sparse, sniff
+from feather_sparse.export.files import sniff
+from feather_sparse.export.fsp import inspect_sparse, load_sparse
 
 __all__ = ["ExportSource", "load_export_source", "resolve_source"]
 
