@@ -75,7 +75,10 @@ def run(command: str, args: argparse.Namespace) -> int:
     try:
         return _run(command, args)
     except OSError as err:
-        # A folder given for a file, a read-only or full disk: one line, not a traceback.
+        # A folder given for a file, a read-only or full disk: one line, not a traceback
+        # (-vv shows the trace, as for every command).
+        if getattr(args, "verbose", 0) >= 2:
+            raise
         text = err.strerror or str(err)
         if err.filename is not None:
             text = f"{text}: {err.filename}"
