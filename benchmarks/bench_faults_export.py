@@ -23,7 +23,8 @@ The test suite runs the same functions (``tests/test_faults_export.py``).
 
 Usage::
 
-    PYTHONPATH=src python benchmarks/bench_faults_export.py [--cases 1000] [--kills 20] [--seed 0]
+    PYTHONPATH=src python benchmarks/bench_faults_export.py [--cases 1000] [--kills 20] \
+        [--seed 0] [--exhaustive]
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import torch
 
 import feather_sparse
 from feather_sparse import cli
-from feather_sparse.export import load_sparse, save_sparse
+from feather_sparse.export import load_sparse, load_sparse_state_dict, save_sparse
 from feather_sparse.models import create_model
 
 TMP_GLOB = ".model.fsp.*.tmp"  # the temporaries save_sparse writes beside model.fsp
@@ -65,6 +66,7 @@ class Row:
     overwritten: int
     temp_left: str = "–"
     note: str = ""
+    writes: bool = True  # whether the fault was tried against a good model.fsp
 
     @property
     def share(self) -> float:
@@ -151,6 +153,46 @@ def truncations(source: Path, cases: int, rng: random.Random) -> Row:
     return _damage_runs("truncation", source, cases, lambda data: data[: rng.randrange(size)])
 
 
+def make_small_source(folder: Path) -> Path:
+    """A two-layer model small enough to damage in every possible way (about 2.6 kB)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 4))
+    with torch.no_grad():
+        for p in net.parameters():
+            p[p.abs() < 0.1] = 0
+    path = folder / "small.fsp"
+    save_sparse(net, path)
+    return path
+
+
+def every_fault(source: Path) -> list[Row]:
+    """Every single-bit flip and every truncation of ``source``, read with
+    ``load_sparse_state_dict`` (the library only: the CLI runs above)."""
+    data = source.read_bytes()
+    damaged = source.parent / "damaged-small.fsp"
+
+    def refused(content: bytes) -> bool:
+        damaged.write_bytes(content)
+        try:
+            load_sparse_state_dict(damaged)
+        except (ValueError, OSError) as err:
+            return "\n" not in str(err)
+        return False
+
+    flips = Row("every single-bit flip (library)", 8 * len(data), 0, 0)
+    for i in range(len(data)):
+        for bit in range(8):
+            out = bytearray(data)
+            out[i] ^= 1 << bit
+            flips.detected += refused(bytes(out))
+    cuts = Row("every truncation (library)", len(data), 0, 0)
+    cuts.detected = sum(refused(data[:n]) for n in range(len(data)))
+    for row in (flips, cuts):
+        row.note = f"{len(data):,}-byte file, two Linear layers"
+        row.writes = False
+    return [flips, cuts]
+
+
 def _child_env() -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = str(Path(feather_sparse.__file__).resolve().parents[1])
@@ -223,7 +265,7 @@ def table(rows: list[Row]) -> str:
     for r in rows:
         lines.append(
             f"| {r.fault} | {r.cases} | {r.detected}/{r.cases} ({100 * r.share:.1f} %) "
-            f"| {r.overwritten} | {r.temp_left} | {r.note} |"
+            f"| {r.overwritten if r.writes else '–'} | {r.temp_left} | {r.note} |"
         )
     return "\n".join(lines)
 
@@ -233,6 +275,11 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=1000, help="damaged files per fault kind")
     parser.add_argument("--kills", type=int, default=20, help="SIGKILLs during export")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="also every bit flip and truncation of a 2.6 kB file (about 2 minutes)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
@@ -247,6 +294,8 @@ def main() -> None:
         ]
         if args.kills:
             rows.append(sigkill_during_export(source, args.kills, rng))
+        if args.exhaustive:
+            rows += every_fault(make_small_source(Path(tmp)))
     print(
         f"mnist1d_cnn at 90 % sparsity, a {size:,}-byte .fsp; seed {args.seed}; "
         f"{time.perf_counter() - start:.0f} s\n"

@@ -104,3 +104,9 @@ def test_many_faults(bench: ModuleType, source: Path) -> None:
     row = bench.sigkill_during_export(source, 10, rng)
     assert row.detected == 10 and row.overwritten == 0
     assert row.temp_left.endswith("0 after the next export")
+
+
+@pytest.mark.slow
+def test_every_flip_and_truncation_of_a_small_file(bench: ModuleType, tmp_path: Path) -> None:
+    for row in bench.every_fault(bench.make_small_source(tmp_path)):
+        assert row.detected == row.cases, row
