@@ -836,6 +836,16 @@ def test_cli_export_sparsity_needs_a_sparse_training_checkpoint(
     assert "finalized sparse checkpoint" in capsys.readouterr().err
 
 
+def test_cli_export_of_a_checkpoint_that_does_not_fit_its_spec(
+    fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = fake_zoo("mixed")
+    torch.save(_checkpoint(model, {"fc.weight": torch.zeros(2)}, None), tmp_path / "x.pt")
+    assert cli.main(["export", str(tmp_path / "x.pt"), "-o", str(tmp_path / "x.fsp")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "do not fit its model spec" in err[0]
+
+
 def test_cli_export_rejects_other_checkpoints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
