@@ -359,6 +359,7 @@ def inspect_sparse(path: str | os.PathLike[str]) -> SparseFileInfo:
 
     Raises:
         FileNotFoundError: if the file does not exist.
+        IsADirectoryError: if ``path`` is a folder.
         ValueError: if it is not a feather-sparse checkpoint of this format
             version, or is truncated or corrupted.
     """
@@ -484,8 +485,10 @@ def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) ->
 
     Raises:
         FileNotFoundError: if the file does not exist.
+        IsADirectoryError: if ``path`` is a folder.
         ValueError: for a truncated or corrupted file, another format version,
-            a model of another architecture, or ``model=None`` with a file
+            a model of another architecture (checked before the model is
+            built when ``model`` is ``None``), or ``model=None`` with a file
             that has no model spec.
     """
     _check_byte_order()
