@@ -836,6 +836,16 @@ def test_cli_export_sparsity_needs_a_sparse_training_checkpoint(
     assert "finalized sparse checkpoint" in capsys.readouterr().err
 
 
+def test_cli_export_of_a_checkpoint_that_does_not_fit_its_spec(
+    fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = fake_zoo("mixed")
+    torch.save(_checkpoint(model, {"fc.weight": torch.zeros(2)}, None), tmp_path / "x.pt")
+    assert cli.main(["export", str(tmp_path / "x.pt"), "-o", str(tmp_path / "x.fsp")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "do not fit its model spec" in err[0]
+
+
 def test_cli_export_rejects_other_checkpoints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -882,3 +892,19 @@ def test_cli_export_onnx(
     assert cli.main(["export", str(run), "--onnx", str(tmp_path / "m.onnx")]) == 0
     assert "onnxruntime matches PyTorch" in capsys.readouterr().out
     assert (tmp_path / "m.onnx").stat().st_size > 0
+
+
+def test_onnx_export_rejects_what_it_cannot_write(tmp_path: Path) -> None:
+    pytest.importorskip("onnx")
+    net = prune_(MixedNet(), 0.9).eval()
+    with pytest.raises(ValueError, match="opset 5 is older than this setup exports"):
+        export_onnx(net, tmp_path / "net.onnx", torch.randn(2, 1, 40), opset=5)
+    with pytest.raises(ValueError, match=r"does not run on an input of shape \(2, 1, 7\)"):
+        export_onnx(net, tmp_path / "net.onnx", torch.randn(2, 1, 7))
+    assert not (tmp_path / "net.onnx").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists(), reason="needs /dev/null")
+def test_inspect_of_a_device_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="not a regular file"):
+        inspect_sparse("/dev/null")

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from feather_sparse.export.codec import _VALUE_DTYPES
-from feather_sparse.export.fsp import check_writable, inspect_sparse, save_sparse
+from feather_sparse.export.files import check_writable
+from feather_sparse.export.fsp import inspect_sparse, save_sparse
 from feather_sparse.export.header import MODEL_SPEC_ATTR, format_info, human_bytes
 from feather_sparse.export.onnx import export_onnx, verify_onnx
 from feather_sparse.export.run import load_export_source, resolve_source
@@ -74,10 +75,14 @@ def run(command: str, args: argparse.Namespace) -> int:
     try:
         return _run(command, args)
     except OSError as err:
-        if isinstance(err, FileNotFoundError):
-            raise  # the CLI's own handler prints it
-        # A folder given for a file, a read-only or full disk: one line, not a traceback.
-        print(f"feather-sparse {command}: error: {err.strerror or err}", file=sys.stderr)
+        # A folder given for a file, a read-only or full disk: one line, not a traceback
+        # (-vv shows the trace, as for every command).
+        if getattr(args, "verbose", 0) >= 2:
+            raise
+        text = err.strerror or str(err)
+        if err.filename is not None:
+            text = f"{text}: {err.filename}"
+        print(f"feather-sparse {command}: error: {text}", file=sys.stderr)
         return 1
 
 

@@ -54,7 +54,10 @@ A sparse tensor is stored as its pattern followed by its values:
   values would need.
 
 Every entry's bytes carry a CRC-32, checked on load, so a corrupted file raises
-an error naming the tensor instead of producing a silently wrong model.
+an error naming the file and the tensor instead of producing a silently wrong
+model. The safetensors ``__metadata__`` has no checksum of its own, so it must
+repeat the (checksummed) header exactly. Files are written atomically (see
+:mod:`feather_sparse.export.files`).
 
 ``values`` precision: ``"fp32"`` is lossless — non-zeros keep their tensor's own
 dtype (float32 stays float32; float16, bfloat16 and float64 tensors keep
@@ -65,14 +68,11 @@ and dense tensors are always stored as is.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import glob
 import importlib
 import json
 import logging
 import os
-import secrets
 import sys
 import zlib
 from collections.abc import Mapping
@@ -98,6 +98,7 @@ from feather_sparse.export.codec import (
     _from_bytes,
     _raw_bytes,
 )
+from feather_sparse.export.files import check_writable, sniff, write_atomically
 from feather_sparse.export.header import (
     DATA_KEY,
     FORMAT_NAME,
@@ -133,102 +134,17 @@ def _check_byte_order() -> None:
 
 
 # ---------------------------------------------------------------------------
-# Writing files
-# ---------------------------------------------------------------------------
-
-# Temporary files are named ".<target>.<pid>.<random>.tmp" beside the target, so
-# that the rename is atomic and a later write can tell the leftovers of a
-# killed writer (its pid is gone) from a concurrent writer's file.
-_TMP_SUFFIX = ".tmp"
-
-
-def check_writable(target: Path, example: str = "model.fsp") -> None:
-    """Raise a clear ``OSError`` if ``target`` cannot be a file we write.
-
-    Args:
-        target: the file to write.
-        example: a file name to suggest when ``target`` is a folder.
-    """
-    if target.is_dir():
-        raise IsADirectoryError(
-            errno.EISDIR,
-            f"{target} is a directory; give a file name, e.g. {target / example}",
-        )
-    for parent in (target.parent, *target.parent.parents):
-        if parent.exists():
-            if not parent.is_dir():
-                raise NotADirectoryError(
-                    errno.ENOTDIR, f"cannot write {target}: {parent} is a file, not a folder"
-                )
-            break
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only checks that the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def _remove_stale_temporaries(target: Path) -> None:
-    """Delete the temporary files of writers to ``target`` that were killed."""
-    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
-        return
-    prefix = f".{target.name}."
-    for leftover in target.parent.glob(f"{glob.escape(prefix)}*{_TMP_SUFFIX}"):
-        pid = leftover.name[len(prefix) :].split(".")[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            with contextlib.suppress(OSError):
-                leftover.unlink()
-                logger.info("removed %s, left by a writer that was killed", leftover)
-
-
-def _write_atomically(target: Path, data: bytes) -> None:
-    """Write ``data`` to ``target`` so that readers see the old file or the new one.
-
-    The bytes go to a temporary file in the same folder, are flushed to disk,
-    and replace ``target`` in one rename. If the writer dies, ``target`` is
-    untouched; the next write removes the temporary file it left.
-    """
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise type(err)(
-            err.errno, f"cannot create the folder for {target}: {err.strerror}"
-        ) from None
-    _remove_stale_temporaries(target)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except OSError as err:
-        if err.errno == errno.ENOSPC:
-            raise OSError(
-                errno.ENOSPC,
-                f"the disk is full: could not write {target} "
-                f"({len(data)} bytes); the existing file, if any, is unchanged",
-            ) from None
-        raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    if os.name == "posix":  # make the rename itself durable
-        fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-# ---------------------------------------------------------------------------
 # Saving
 # ---------------------------------------------------------------------------
+
+
+def _container_metadata(library_version: str, format_version: int) -> dict[str, str]:
+    """The safetensors ``__metadata__`` of a ``.fsp``: names the format without decoding."""
+    return {
+        "format": FORMAT_NAME,
+        "format_version": str(format_version),
+        "library_version": library_version,
+    }
 
 
 def _model_spec(model: nn.Module) -> dict[str, Any] | None:
@@ -368,14 +284,9 @@ def save_sparse(
         DATA_KEY: _from_bytes(b"".join(chunks), torch.uint8, (sum(map(len, chunks)),)),
     }
     data = _safetensors("safetensors.torch").save(
-        entries,
-        metadata={
-            "format": FORMAT_NAME,
-            "format_version": str(FORMAT_VERSION),
-            "library_version": __version__,
-        },
+        entries, metadata=_container_metadata(__version__, FORMAT_VERSION)
     )
-    _write_atomically(target, data)
+    write_atomically(target, data)
     info = _parse_header(str(target), header, target.stat().st_size)
     logger.info(
         "wrote %s: %d bytes (%.1fx smaller than dense, %.3fx the entropy bound)",
@@ -392,27 +303,6 @@ def save_sparse(
 # ---------------------------------------------------------------------------
 
 
-# The first bytes of the files feather-sparse reads: a safetensors file starts
-# with its header's length (8 bytes, little-endian) and then the JSON "{"; a
-# torch.save checkpoint is a zip archive.
-_ZIP_MAGIC = b"PK\x03\x04"
-
-
-def sniff(path: str | os.PathLike[str]) -> str | None:
-    """What kind of file ``path`` is, by its first bytes.
-
-    Returns:
-        ``"safetensors"`` (a ``.fsp``), ``"zip"`` (a ``torch.save`` file) or ``None``.
-    """
-    with open(path, "rb") as f:
-        head = f.read(9)
-    if len(head) == 9 and head[8:9] == b"{":
-        return "safetensors"
-    if head.startswith(_ZIP_MAGIC):
-        return "zip"
-    return None
-
-
 def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo, bytes]:
     """The file's description and (when asked) its data bytes, with clear errors."""
     safetensors = _safetensors("safetensors")
@@ -424,8 +314,10 @@ def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo
             f"{p} is a folder, not a sparse checkpoint; give the .fsp file "
             f"(a training run keeps it as {p / 'model.fsp'})",
         )
-    if not p.is_file():
+    if not p.exists():
         raise FileNotFoundError(f"sparse checkpoint {str(p)!r} does not exist")
+    if not p.is_file():
+        raise ValueError(f"{p} is not a regular file, so not a sparse checkpoint")
     kind = sniff(p)
     if kind == "zip":
         raise ValueError(
@@ -439,11 +331,19 @@ def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo
         )
     try:
         with safe_open(str(p), framework="pt", device="cpu") as f:
-            _check_format(str(p), f.metadata() or {})
+            outer = f.metadata() or {}
+            _check_format(str(p), outer)
             keys = set(f.keys())
             if not {HEADER_KEY, DATA_KEY} <= keys:
                 raise ValueError(f"{p}: the file is corrupted (entries {sorted(keys)})")
             info = _parse_header(str(p), _raw_bytes(f.get_tensor(HEADER_KEY)), p.stat().st_size)
+            # The safetensors metadata has no checksum of its own: it must repeat
+            # the checksummed header exactly, or a damaged byte there goes unseen.
+            if outer != _container_metadata(info.library_version, info.format_version):
+                raise ValueError(
+                    f"{p}: the file is corrupted (its safetensors metadata {outer} does not "
+                    "match its header)"
+                )
             data = _raw_bytes(f.get_tensor(DATA_KEY)) if with_data else b""
     except SafetensorError as err:
         raise ValueError(
@@ -459,6 +359,7 @@ def inspect_sparse(path: str | os.PathLike[str]) -> SparseFileInfo:
 
     Raises:
         FileNotFoundError: if the file does not exist.
+        IsADirectoryError: if ``path`` is a folder.
         ValueError: if it is not a feather-sparse checkpoint of this format
             version, or is truncated or corrupted.
     """
@@ -496,11 +397,15 @@ def _decode_record(record: TensorRecord, payload: bytes) -> Tensor:
 
 
 def _decode_all(info: SparseFileInfo, data: bytes) -> dict[str, Tensor]:
+    """Every tensor of the file; a damaged one is an error naming the file and the tensor."""
     state: dict[str, Tensor] = {}
     offset = 0
     for record in info.tensors:
         size = record.stored_bytes
-        state[record.name] = _decode_record(record, data[offset : offset + size])
+        try:
+            state[record.name] = _decode_record(record, data[offset : offset + size])
+        except ValueError as err:
+            raise ValueError(f"{info.path}: {err}") from None
         offset += size
     return state
 
@@ -580,8 +485,10 @@ def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) ->
 
     Raises:
         FileNotFoundError: if the file does not exist.
+        IsADirectoryError: if ``path`` is a folder.
         ValueError: for a truncated or corrupted file, another format version,
-            a model of another architecture, or ``model=None`` with a file
+            a model of another architecture (checked before the model is
+            built when ``model`` is ``None``), or ``model=None`` with a file
             that has no model spec.
     """
     _check_byte_order()

@@ -7,6 +7,7 @@ import logging
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +21,11 @@ logger = logging.getLogger(__name__)
 # one at 20 in torch 2.13. Fallbacks in case the private constants move.
 _DYNAMO_MAX_OPSET = 23
 _LEGACY_MAX_OPSET = 20
+# The oldest opset each writes reliably: the torch.export-based exporter builds
+# at 18 (torchlib) and only tries to convert down, keeping 18 when that fails;
+# the legacy exporter goes down to 7.
+_DYNAMO_MIN_OPSET = 18
+_LEGACY_MIN_OPSET = 7
 
 
 def _onnx_exporter() -> tuple[str, int]:
@@ -32,6 +38,23 @@ def _onnx_exporter() -> tuple[str, int]:
             getattr(constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", _LEGACY_MAX_OPSET)
         )
     return "dynamo", int(getattr(constants, "ONNX_MAX_OPSET", _DYNAMO_MAX_OPSET))
+
+
+def _oldest_opset(exporter: str) -> int:
+    if exporter == "dynamo":
+        try:
+            constants = importlib.import_module("torch.onnx._internal.exporter._constants")
+        except ImportError:
+            return _DYNAMO_MIN_OPSET
+        return int(getattr(constants, "TORCHLIB_OPSET", _DYNAMO_MIN_OPSET))
+    constants = importlib.import_module("torch.onnx._constants")
+    return int(getattr(constants, "ONNX_MIN_OPSET", _LEGACY_MIN_OPSET))
+
+
+def _opset_of(onnx: Any, path: Path) -> int:
+    """The default-domain opset a written ONNX file declares."""
+    proto = onnx.load(str(path), load_external_data=False)
+    return max(int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx"))
 
 
 def export_onnx(
@@ -58,10 +81,11 @@ def export_onnx(
         opset: the ONNX opset; ``None`` picks the default above.
 
     Returns:
-        The opset written.
+        The opset written (read back from the file).
 
     Raises:
-        ValueError: if ``onnx`` is not installed or ``opset`` is too new.
+        ValueError: if ``onnx`` is not installed, ``opset`` is outside what
+            the exporter writes, or the model does not run on ``example_input``.
     """
     try:
         onnx = importlib.import_module("onnx")
@@ -74,11 +98,25 @@ def export_onnx(
     opset = newest if opset is None else int(opset)
     if opset > newest:
         raise ValueError(f"opset {opset} is newer than this setup exports ({exporter}: {newest})")
+    oldest = _oldest_opset(exporter)
+    if opset < oldest:
+        raise ValueError(
+            f"opset {opset} is older than this setup exports ({exporter}: {oldest} to {newest})"
+        )
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     was_training = model.training
     model.eval()
     try:
+        try:  # a wrong input shape fails here in one line, not deep in the exporter
+            with torch.inference_mode():
+                model(example_input)
+        except (RuntimeError, ValueError, IndexError, TypeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(
+                f"the model does not run on an input of shape {tuple(example_input.shape)} "
+                f"({first}); give the shape of one sample the model takes"
+            ) from None
         with warnings.catch_warnings():
             # Noise from torch's own exporter internals (torch 2.13), not actionable here.
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
@@ -110,8 +148,11 @@ def export_onnx(
                 )
     finally:
         model.train(was_training)
-    logger.info("wrote %s (opset %d, %s exporter)", target, opset, exporter)
-    return opset
+    written = _opset_of(onnx, target)
+    if written != opset:
+        raise ValueError(f"asked for opset {opset}, but the {exporter} exporter wrote {written}")
+    logger.info("wrote %s (opset %d, %s exporter)", target, written, exporter)
+    return written
 
 
 def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) -> float:

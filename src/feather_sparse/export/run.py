@@ -21,7 +21,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from feather_sparse.export.fsp import inspect_sparse, load_sparse, sniff
+from feather_sparse.export.files import sniff
+from feather_sparse.export.fsp import inspect_sparse, load_sparse
 
 __all__ = ["ExportSource", "load_export_source", "resolve_source"]
 
@@ -107,43 +108,52 @@ def _optional_int(value: Any) -> int | None:
 
 def _from_training_checkpoint(path: Path, sparsity: float | None) -> ExportSource:
     """Rebuild the model of a training checkpoint and bake its pruning in."""
+    if sparsity is not None and not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"the sparsity to export at must be in [0, 1), got {sparsity}")
     ckpt = _read_training_checkpoint(path)
     config = ckpt["config"] or {}
     spec = config.get("model")
     if not isinstance(spec, dict) or "name" not in spec:
         raise ValueError(f"{path}: its config has no model entry {{'name', 'kwargs'}}")
-    from feather_sparse.models import create_model  # looked up late: tests stand a zoo in
-
-    model = create_model(str(spec["name"]), **dict(spec.get("kwargs") or {}))
-    model.load_state_dict(ckpt["model"], strict=True)
-
     state = ckpt.get("pruner")
+    if state is None and sparsity is not None:
+        raise ValueError(
+            f"{path} is a dense run (no Pruner): a sparsity can only be chosen for a sparse run"
+        )
     epoch, epochs = _optional_int(ckpt.get("epoch")), _optional_int(config.get("epochs"))
     progress = None
     if epoch is not None and epochs is not None:
         finished, progress = epoch >= epochs, f"epoch {epoch} of {epochs}"
     elif state is not None:  # no epoch count: the Pruner's own step count says
-        step, total = int(state["step"]), int(state["config"]["total_steps"])
+        try:
+            step, total = int(state["step"]), int(state["config"]["total_steps"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: its Pruner state is damaged (no step count)") from None
         finished, progress = step >= total, f"step {step} of {total}"
     else:
         finished = True  # nothing says otherwise
 
+    from feather_sparse.models import create_model  # looked up late: tests stand a zoo in
+
+    model = create_model(str(spec["name"]), **dict(spec.get("kwargs") or {}))
+    try:
+        model.load_state_dict(ckpt["model"], strict=True)
+    except RuntimeError as err:  # torch lists every key on many lines
+        first = str(err).strip().splitlines()[0]
+        raise ValueError(f"{path}: its weights do not fit its model spec ({first})") from None
+
     baked: Literal["target", "current", "requested"] | None = None
     achieved = target = None
     warning = None
-    if state is None:
-        if sparsity is not None:
-            raise ValueError(
-                f"{path} is a dense run (no Pruner): a sparsity can only be chosen for a sparse run"
-            )
-    else:
+    if state is not None:
         from feather_sparse.pruner import Pruner
 
-        pruner = Pruner.from_state_dict(model, state)
+        try:
+            pruner = Pruner.from_state_dict(model, state)
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{path}: its Pruner state is damaged ({err!r})") from None
         target = float(pruner.sparsity)
         if sparsity is not None:
-            if not 0.0 <= sparsity < 1.0:
-                raise ValueError(f"the sparsity to export at must be in [0, 1), got {sparsity}")
             trained = f"trained at sparsity {pruner.sparsity_achieved():.4f}"
             if progress is not None:
                 trained += f" to {progress}"
