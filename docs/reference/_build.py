@@ -47,6 +47,7 @@ GUIDE = [
     ("Command line", "guide/cli.md"),
     ("Distributed training", "guide/distributed.md"),
     ("Checkpoints and export", "guide/export.md"),
+    ("Architecture", "guide/architecture.md"),
 ]
 # Pages written elsewhere in the project, included when present.
 PROJECT = [
