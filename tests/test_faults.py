@@ -30,6 +30,7 @@ import torch
 from _guards import BEGIN, END, ROOT, guard
 from feather_sparse import cli, integrity
 from feather_sparse.data import cache, mnist1d
+from feather_sparse.export import load_sparse
 from feather_sparse.integrity import DiskFullError, IntegrityError, NotWritableError
 from feather_sparse.recipes import TrainConfig, load_config
 from feather_sparse.train import (
@@ -258,6 +259,53 @@ def test_a_damaged_saved_model_is_made_again_from_the_verified_checkpoint(
     result = train(small_config(), run, resume=True, progress=False)
     assert result.completed and same_weights(result.model, straight.model)
     assert result.test_accuracy == straight.test_accuracy
+
+
+def flip_readable_bit(path: Path, rng: random.Random) -> None:
+    """Flip one bit of ``path`` where ``torch.load`` still reads the file (a tensor's bytes)."""
+    good = path.read_bytes()
+    for _ in range(200):
+        flip_bit(path, rng)
+        try:
+            torch.load(path, map_location="cpu", weights_only=True)
+            return
+        except Exception:
+            path.write_bytes(good)
+    raise AssertionError(f"no readable single-bit flip of {path} found")
+
+
+@guard(
+    "`export RUN_DIR` whose `last.pt` has a flipped bit (torch still reads it)",
+    "warns, exports `prev.pt`; the damaged file is never exported",
+)
+def test_export_of_a_damaged_run_falls_back_to_the_previous_checkpoint(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    flip_readable_bit(checkpoint_path(run), random.Random(8))
+    out, expected = tmp_path / "out.fsp", tmp_path / "prev.fsp"
+    assert cli.main(["export", str(run / "checkpoints" / "prev.pt"), "-o", str(expected)]) == 0
+    capsys.readouterr()
+    assert cli.main(["export", str(run), "-o", str(out)]) == 0
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and "SHA-256" in warning[0] and "prev.pt" in warning[0]
+    assert same_weights(load_sparse(out), load_sparse(expected))  # prev.pt's model, not last.pt's
+
+
+@guard(
+    "`export last.pt` with a flipped bit (torch still reads it)",
+    "CLI exit 1, one line naming the file; nothing written",
+)
+def test_export_of_a_damaged_checkpoint_file_is_refused(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    flip_readable_bit(checkpoint_path(run), random.Random(9))
+    out = tmp_path / "out.fsp"
+    assert cli.main(["export", str(checkpoint_path(run)), "-o", str(out)]) == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "last.pt" in error[0] and "SHA-256" in error[0]
+    assert not out.exists() and temp_files(tmp_path) == []
 
 
 # ---------------------------------------------------------------- data cache

@@ -14,7 +14,7 @@ from feather_sparse.export.files import check_writable
 from feather_sparse.export.fsp import inspect_sparse, save_sparse
 from feather_sparse.export.header import MODEL_SPEC_ATTR, format_info, human_bytes
 from feather_sparse.export.onnx import export_onnx, verify_onnx
-from feather_sparse.export.run import load_export_source, resolve_source
+from feather_sparse.export.run import load_export_source
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
@@ -95,7 +95,7 @@ def _run(command: str, args: argparse.Namespace) -> int:
     for target, suggestion in ((args.output, "model.fsp"), (args.onnx, "model.onnx")):
         if target is not None:
             check_writable(target, suggestion)  # before the slow part, not after it
-    source = load_export_source(resolve_source(args.source), sparsity=args.sparsity)
+    source = load_export_source(args.source, sparsity=args.sparsity)
     model = source.model
     if source.warning:
         print(f"feather-sparse export: warning: {source.warning}", file=sys.stderr)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from torch import nn
 
+from feather_sparse.checkpoint_file import load_checkpoint, read_latest_checkpoint
 from feather_sparse.export.files import sniff
 from feather_sparse.export.fsp import inspect_sparse, load_sparse
 
@@ -28,14 +28,12 @@ __all__ = ["ExportSource", "load_export_source", "resolve_source"]
 
 logger = logging.getLogger(__name__)
 
-#: Format name of the training loop's checkpoints (``RUN_DIR/checkpoints/last.pt``).
-_TRAIN_CHECKPOINT_FORMAT = "feather-sparse-checkpoint"
-
 
 def resolve_source(source: Path) -> Path:
     """The file to export from a run folder or a file path."""
     if source.is_dir():
-        for candidate in (source / "checkpoints" / "last.pt", source / "model.fsp"):
+        checkpoints = source / "checkpoints"
+        for candidate in (checkpoints / "last.pt", source / "model.fsp", checkpoints / "prev.pt"):
             if candidate.is_file():
                 return candidate
         raise FileNotFoundError(
@@ -83,34 +81,23 @@ class ExportSource:
     warning: str | None = None
 
 
-def _read_training_checkpoint(path: Path) -> dict[str, Any]:
-    # TODO(merge): use train.checkpoint.load_checkpoint instead of reading the file here.
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many kinds; its advice here would mislead
-        logger.debug("torch.load(%s) failed", path, exc_info=True)
-        raise ValueError(
-            f"{path} is not a readable training checkpoint: it is damaged or was not "
-            f"written by feather-sparse ({type(err).__name__})"
-        ) from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+def _check_training_checkpoint(path: Path, ckpt: dict[str, Any]) -> None:
+    if "model" not in ckpt or "config" not in ckpt:
         raise ValueError(f"{path} is not a feather-sparse training checkpoint (no model/config)")
-    if ckpt.get("format", _TRAIN_CHECKPOINT_FORMAT) != _TRAIN_CHECKPOINT_FORMAT:
-        raise ValueError(
-            f"{path} has format {ckpt.get('format')!r}, not {_TRAIN_CHECKPOINT_FORMAT!r}"
-        )
-    return ckpt
 
 
 def _optional_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _from_training_checkpoint(path: Path, sparsity: float | None) -> ExportSource:
-    """Rebuild the model of a training checkpoint and bake its pruning in."""
-    if sparsity is not None and not 0.0 <= sparsity < 1.0:
-        raise ValueError(f"the sparsity to export at must be in [0, 1), got {sparsity}")
-    ckpt = _read_training_checkpoint(path)
+def _from_training_checkpoint(
+    path: Path, ckpt: dict[str, Any], sparsity: float | None, fallback: str | None = None
+) -> ExportSource:
+    """Rebuild the model of a verified training checkpoint and bake its pruning in.
+
+    ``fallback`` says why ``last.pt`` was passed over when ``path`` is ``prev.pt``.
+    """
+    _check_training_checkpoint(path, ckpt)
     config = ckpt["config"] or {}
     spec = config.get("model")
     if not isinstance(spec, dict) or "name" not in spec:
@@ -186,6 +173,9 @@ def _from_training_checkpoint(path: Path, sparsity: float | None) -> ExportSourc
         json.dumps(metadata)
     except (TypeError, ValueError):
         metadata["config"] = None
+    if fallback is not None:
+        previous = f"{fallback}; exported the previous checkpoint {path} ({progress or 'as saved'})"
+        warning = previous if warning is None else f"{previous}; {warning}"
     return ExportSource(
         model=model.eval(),
         metadata=metadata,
@@ -201,8 +191,18 @@ def _from_training_checkpoint(path: Path, sparsity: float | None) -> ExportSourc
     )
 
 
+def _check_sparsity(sparsity: float | None) -> None:
+    if sparsity is not None and not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"the sparsity to export at must be in [0, 1), got {sparsity}")
+
+
 def load_export_source(source: Path, sparsity: float | None = None) -> ExportSource:
-    """The model to export from a ``.fsp`` or a training checkpoint, with what to tell the user.
+    """The model to export from a run folder, a ``.fsp`` or a training checkpoint.
+
+    A training checkpoint is verified against its SHA-256 first
+    (:func:`feather_sparse.checkpoint_file.load_checkpoint`): a damaged one is
+    refused, never exported. Given a run folder, a damaged ``last.pt`` falls
+    back to ``prev.pt``, and :attr:`ExportSource.warning` says so.
 
     A finished run is finalized at its target sparsity. A run that stopped
     early is exported with the thresholds its forward uses at that point (the
@@ -210,29 +210,38 @@ def load_export_source(source: Path, sparsity: float | None = None) -> ExportSou
     and :attr:`ExportSource.sparsity` says what it reached.
 
     Args:
-        source: a ``.fsp`` file or a training checkpoint (see :func:`resolve_source`).
+        source: a run folder, a ``.fsp`` file or a training checkpoint (see
+            :func:`resolve_source`).
         sparsity: finalize a training checkpoint at this sparsity instead;
             :attr:`ExportSource.warning` says so when the weights were not
             trained for it (an unfinished run, or another sparsity than the
             target).
 
     Raises:
-        ValueError: if ``source`` is neither kind of file, is damaged, or
+        FileNotFoundError: if ``source`` does not exist or is a folder without a run.
+        ValueError: if ``source`` is neither kind of file, is damaged
+            (:class:`~feather_sparse.integrity.IntegrityError`), or
             ``sparsity`` does not apply to it.
     """
-    kind = sniff(source)
+    source = Path(source)
+    path = resolve_source(source)
+    kind = sniff(path)
+    if kind == "zip":
+        _check_sparsity(sparsity)
+        if source.is_dir():
+            latest = read_latest_checkpoint(source)
+            return _from_training_checkpoint(latest.path, latest.state, sparsity, latest.problem)
+        return _from_training_checkpoint(path, load_checkpoint(path), sparsity)
     if kind == "safetensors":
         if sparsity is not None:
             raise ValueError(
-                f"{source} is a finalized sparse checkpoint: a sparsity can only be chosen "
+                f"{path} is a finalized sparse checkpoint: a sparsity can only be chosen "
                 "when exporting a training checkpoint"
             )
-        model = load_sparse(source)
-        metadata: dict[str, Any] = dict(inspect_sparse(source).metadata)
-        return ExportSource(model=model.eval(), metadata=metadata, path=source)
-    if kind == "zip":
-        return _from_training_checkpoint(source, sparsity)
+        model = load_sparse(path)
+        metadata: dict[str, Any] = dict(inspect_sparse(path).metadata)
+        return ExportSource(model=model.eval(), metadata=metadata, path=path)
     raise ValueError(
-        f"{source} is not a feather-sparse file: neither a sparse checkpoint (.fsp) nor a "
+        f"{path} is not a feather-sparse file: neither a sparse checkpoint (.fsp) nor a "
         "training checkpoint (.pt); it is damaged or another kind of file"
     )
