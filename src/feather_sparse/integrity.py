@@ -4,8 +4,11 @@
 the target's folder, flushes them to disk and renames the file over the target
 (``os.replace`` is atomic on one file system): a reader sees the old file or
 the new one, never half of one, and a crash, a kill or a full disk leaves the
-old file untouched. With ``keep_previous`` the old file is first linked (or
-copied) to a second name, so that one damaged file never loses the run.
+old file untouched; the next write of the same file removes a temporary file
+its killed writer left. With ``keep_previous`` the old file is first linked
+(or copied) to a second name, so that one damaged file never loses the run.
+Every file the library writes goes through it: checkpoints, run metadata, the
+data cache and ``.fsp`` files.
 
 **The seal.** Training checkpoints (``torch.save``) and data caches
 (``numpy.savez``) are zip archives. A zip archive ends with its
@@ -24,7 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
+import logging
 import os
 import shutil
 import struct
@@ -49,6 +54,8 @@ _EOCD_SIGNATURE = b"PK\x05\x06"  # end-of-central-directory record, 22 bytes + c
 _EOCD_SIZE = 22
 _DISK_FULL = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
 _NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+logger = logging.getLogger(__name__)
 
 
 class IntegrityError(ValueError):
@@ -134,10 +141,35 @@ def _os_error(err: OSError, path: Path, action: str) -> OSError:
     return out
 
 
+# Temporary files are named ".<target>.<pid>.<random>.tmp" beside the target, so
+# that the rename is atomic and a later write can tell the leftovers of a killed
+# writer (its pid is gone) from a concurrent writer's file.
+def _pid_alive(pid: int) -> bool:
+    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
 def remove_stale_temps(path: Path) -> None:
-    """Remove the temporary files :func:`write_atomic` leaves when killed while writing ``path``."""
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        stale.unlink(missing_ok=True)
+    """Remove the temporary files that writers of ``path`` left when they were killed.
+
+    A temporary file whose writer is still running (another process writing
+    the same file) is kept.
+    """
+    prefix = f".{path.name}."
+    for stale in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid = stale.name[len(prefix) :].split(".")[0]
+        if pid.isdigit() and (int(pid) == os.getpid() or _pid_alive(int(pid))):
+            continue
+        with contextlib.suppress(OSError):
+            stale.unlink()
+            logger.info("removed %s, left by a writer that was killed", stale)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -150,7 +182,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _temp_in(folder: Path, name: str) -> tuple[int, str]:
-    return tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    return tempfile.mkstemp(dir=folder, prefix=f".{name}.{os.getpid()}.", suffix=".tmp")
 
 
 def _write_file(fd: int, data: bytes) -> None:
@@ -201,6 +233,14 @@ def write_atomic(
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        out = _os_error(err, path, "writing")
+        if out is err:
+            raise type(err)(
+                err.errno, f"cannot create the folder for {path}: {err.strerror}"
+            ) from None
+        raise out from err
+    try:
         fd, tmp_name = _temp_in(path.parent, path.name)
     except OSError as err:
         raise _os_error(err, path, "writing") from err

@@ -8,8 +8,8 @@ real on disk and at inference time, one module per job:
   non-zero values);
 * :mod:`~feather_sparse.export.header`: what a ``.fsp`` file holds, read from its
   header (:class:`TensorRecord`, :class:`SparseFileInfo`);
-* :mod:`~feather_sparse.export.files`: atomic writes and file kinds by their
-  first bytes;
+* :mod:`~feather_sparse.export.files`: targets checked before the slow part,
+  file kinds by their first bytes;
 * :mod:`~feather_sparse.export.fsp`: the ``.fsp`` file itself —
   :func:`save_sparse`, :func:`load_sparse`, :func:`inspect_sparse`, and the
   format's description;

@@ -57,7 +57,7 @@ Every entry's bytes carry a CRC-32, checked on load, so a corrupted file raises
 an error naming the file and the tensor instead of producing a silently wrong
 model. The safetensors ``__metadata__`` has no checksum of its own, so it must
 repeat the (checksummed) header exactly. Files are written atomically (see
-:mod:`feather_sparse.export.files`).
+:func:`feather_sparse.integrity.write_atomic`).
 
 ``values`` precision: ``"fp32"`` is lossless — non-zeros keep their tensor's own
 dtype (float32 stays float32; float16, bfloat16 and float64 tensors keep
@@ -98,7 +98,7 @@ from feather_sparse.export.codec import (
     _from_bytes,
     _raw_bytes,
 )
-from feather_sparse.export.files import check_writable, sniff, write_atomically
+from feather_sparse.export.files import check_writable, sniff
 from feather_sparse.export.header import (
     DATA_KEY,
     FORMAT_NAME,
@@ -112,6 +112,7 @@ from feather_sparse.export.header import (
     _header_bytes,
     _parse_header,
 )
+from feather_sparse.integrity import write_atomic
 
 __all__ = ["inspect_sparse", "load_sparse", "load_sparse_state_dict", "save_sparse"]
 
@@ -286,7 +287,7 @@ def save_sparse(
     data = _safetensors("safetensors.torch").save(
         entries, metadata=_container_metadata(__version__, FORMAT_VERSION)
     )
-    write_atomically(target, data)
+    write_atomic(target, data)
     info = _parse_header(str(target), header, target.stat().st_size)
     logger.info(
         "wrote %s: %d bytes (%.1fx smaller than dense, %.3fx the entropy bound)",
