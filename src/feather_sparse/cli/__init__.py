@@ -61,12 +61,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[str, argparse.Namespace], int] = COMMANDS[args.command][0].run
     try:
         return int(run(args.command, args))
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
-        # Bad input gets one clear line, not a traceback; -vv shows the trace.
+    except (ValueError, OSError, RuntimeError) as err:
+        # Bad input, a damaged file (IntegrityError), a full disk or read-only folder
+        # (DiskFullError, NotWritableError), a missing path: one line, not a
+        # traceback, for every command; -vv shows the trace.
         if args.verbose >= 2:
             raise
-        print(f"feather-sparse {args.command}: error: {err}", file=sys.stderr)
+        print(f"feather-sparse {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 1
+
+
+def _one_line(err: BaseException) -> str:
+    """What ``err`` says, without the ``[Errno N]`` prefix of an ``OSError``."""
+    if isinstance(err, OSError) and err.strerror:
+        text = err.strerror
+        return f"{text}: {err.filename}" if err.filename is not None else text
+    return str(err)
 
 
 if __name__ == "__main__":

@@ -71,22 +71,11 @@ def _input_shape(model: nn.Module, text: str | None) -> tuple[int, ...]:
 
 
 def run(command: str, args: argparse.Namespace) -> int:
-    """Run ``feather-sparse export`` or ``feather-sparse inspect``; returns the exit code."""
-    try:
-        return _run(command, args)
-    except OSError as err:
-        # A folder given for a file, a read-only or full disk: one line, not a traceback
-        # (-vv shows the trace, as for every command).
-        if getattr(args, "verbose", 0) >= 2:
-            raise
-        text = err.strerror or str(err)
-        if err.filename is not None:
-            text = f"{text}: {err.filename}"
-        print(f"feather-sparse {command}: error: {text}", file=sys.stderr)
-        return 1
+    """Run ``feather-sparse export`` or ``feather-sparse inspect``; returns the exit code.
 
-
-def _run(command: str, args: argparse.Namespace) -> int:
+    Errors (bad input, a damaged file, a full disk) propagate as exceptions;
+    :func:`feather_sparse.cli.main` prints them in one line.
+    """
     if command == "inspect":
         print(format_info(inspect_sparse(args.file)))
         return 0

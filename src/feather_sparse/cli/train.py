@@ -149,7 +149,8 @@ def run(command: str, args: argparse.Namespace) -> int:
     """Run ``feather-sparse train``; prints the per-layer table and the final numbers.
 
     Ctrl-C prints where the run stopped and how to continue it (exit code
-    130); an ``OSError`` (full disk, read-only folder) one line (exit code 1).
+    130); other errors propagate, and :func:`feather_sparse.cli.main` prints
+    them in one line.
     """
     try:
         return _run(command, args)
@@ -159,11 +160,6 @@ def run(command: str, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"feather-sparse {command}: interrupted before training began", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
-    except OSError as err:
-        if getattr(args, "verbose", 0) >= 2:
-            raise
-        print(f"feather-sparse {command}: error: {err}", file=sys.stderr)
-        return 1
 
 
 def _run(command: str, args: argparse.Namespace) -> int:
