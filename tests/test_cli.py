@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import errno
+import re
 
 import pytest
 
 from feather_sparse import cli
 from feather_sparse.integrity import DiskFullError, IntegrityError
+from feather_sparse.methods import METHODS
+from feather_sparse.pruner_config import REGISTRIES
 
 # The smallest command line each command parses.
 ARGV = {
@@ -49,3 +52,14 @@ def test_errors_are_one_line_and_exit_1(
     assert expected in err[0] and "Errno" not in err[0]
     with pytest.raises(type(error)):  # -vv: the traceback
         cli.main(["-vv", *ARGV[command]])
+
+
+def test_train_help_lists_every_registered_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    """The choices in ``train --help`` come from the registries, so they cannot drift."""
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for flag, registry in [("--method", METHODS), *((f"--{k}", r) for k, r in REGISTRIES.items())]:
+        shown = re.search(rf"{flag} [A-Z]+ [a-z ]+: ([\w+.-]+(?:, [\w+.-]+)*)", text)
+        assert shown is not None, flag
+        assert shown.group(1).split(", ") == registry.names(), flag

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from feather_sparse.recipes import TrainConfig, load_config
+from feather_sparse.recipes import DEFAULT_RECIPE, TrainConfig, load_config
 
 __all__ = [
     "BENCH_OVERRIDES",
@@ -33,7 +33,7 @@ QUICK_SPARSITIES = (0.95,)
 BENCH_OVERRIDES: Mapping[str, Any] = {"tensorboard": False, "eval_every": 0}
 
 #: Recipe used when a data set with no recipe of its name is asked for.
-DEFAULT_BENCH_RECIPE = "mnist1d"
+DEFAULT_BENCH_RECIPE = DEFAULT_RECIPE
 
 
 @dataclass(frozen=True)

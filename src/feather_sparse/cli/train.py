@@ -20,6 +20,7 @@ import torch
 from feather_sparse.recipes import (
     DEFAULT_RECIPE,
     config_fields,
+    field_help,
     list_recipes,
     load_config,
     parse_override,
@@ -83,7 +84,7 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         if f.name == "recipe":
             continue  # chosen with --recipe
         flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata.get("help", "")
+        help_text = field_help(f)
         if f.type in ("bool", bool):
             fields.add_argument(
                 flag,

@@ -19,6 +19,7 @@ from typing import Any
 
 from feather_sparse._version import __version__
 from feather_sparse.export.codec import _VALUES_CODEC, PATTERN_CODECS, _dtype_from_name
+from feather_sparse.models import MODEL_SPEC_ATTR  # re-exported: the attribute create_model sets
 
 __all__ = [
     "DATA_KEY",
@@ -39,9 +40,6 @@ FORMAT_VERSION = 1
 #: The safetensors entries of a sparse checkpoint.
 HEADER_KEY = "feather.header"
 DATA_KEY = "feather.data"
-#: Name of the attribute ``create_model`` sets on the models it builds.
-MODEL_SPEC_ATTR = "feather_model_spec"
-#: Format name of the training loop's checkpoints (``RUN_DIR/checkpoints/last.pt``).
 
 
 def _binary_entropy(density: float) -> float:

@@ -20,9 +20,17 @@ from typing import Any, Literal
 
 from torch import nn
 
-from feather_sparse.checkpoint_file import load_checkpoint, read_latest_checkpoint
 from feather_sparse.export.files import sniff
 from feather_sparse.export.fsp import inspect_sparse, load_sparse
+from feather_sparse.run_files import (
+    CHECKPOINTS_DIR,
+    LAST_NAME,
+    MODEL_NAME,
+    checkpoint_path,
+    load_checkpoint,
+    previous_checkpoint_path,
+    read_latest_checkpoint,
+)
 
 __all__ = ["ExportSource", "load_export_source", "resolve_source"]
 
@@ -32,13 +40,13 @@ logger = logging.getLogger(__name__)
 def resolve_source(source: Path) -> Path:
     """The file to export from a run folder or a file path."""
     if source.is_dir():
-        checkpoints = source / "checkpoints"
-        for candidate in (checkpoints / "last.pt", source / "model.fsp", checkpoints / "prev.pt"):
+        last = checkpoint_path(source)
+        for candidate in (last, source / MODEL_NAME, previous_checkpoint_path(last)):
             if candidate.is_file():
                 return candidate
         raise FileNotFoundError(
             f"{source} is not a training run folder: "
-            "neither checkpoints/last.pt nor model.fsp exists"
+            f"neither {CHECKPOINTS_DIR}/{LAST_NAME} nor {MODEL_NAME} exists"
         )
     if not source.is_file():
         raise FileNotFoundError(f"{source} does not exist")
@@ -200,7 +208,7 @@ def load_export_source(source: Path, sparsity: float | None = None) -> ExportSou
     """The model to export from a run folder, a ``.fsp`` or a training checkpoint.
 
     A training checkpoint is verified against its SHA-256 first
-    (:func:`feather_sparse.checkpoint_file.load_checkpoint`): a damaged one is
+    (:func:`feather_sparse.run_files.load_checkpoint`): a damaged one is
     refused, never exported. Given a run folder, a damaged ``last.pt`` falls
     back to ``prev.pt``, and :attr:`ExportSource.warning` says so.
 

@@ -45,7 +45,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Union
 
+from feather_sparse.methods import METHODS
 from feather_sparse.pruner_config import REGISTRIES
+from feather_sparse.registry import Registry
 from feather_sparse.rules import check_p, check_sparsity, check_theta
 
 if sys.version_info >= (3, 11):
@@ -59,6 +61,7 @@ __all__ = [
     "OPTIMIZERS",
     "TrainConfig",
     "config_fields",
+    "field_help",
     "list_recipes",
     "load_config",
     "load_recipe",
@@ -79,9 +82,24 @@ _DEVICE_PREFIXES = ("cpu", "cuda", "mps")
 _AMP_DTYPES = ("bfloat16", "float16")
 
 
-def _f(default: Any, help: str) -> Any:
-    """A dataclass field with an immutable default and its command-line help text."""
-    return field(default=default, metadata={"help": help})
+def _f(default: Any, help: str, choices: Registry[Any] | None = None) -> Any:
+    """A dataclass field with an immutable default and its command-line help text.
+
+    ``choices``: the registry the field's names are looked up in; ``{choices}``
+    in ``help`` becomes its names when the help is shown (:func:`field_help`),
+    so that the list includes whatever was registered since.
+    """
+    metadata: dict[str, Any] = {"help": help}
+    if choices is not None:
+        metadata["choices"] = choices
+    return field(default=default, metadata=metadata)
+
+
+def field_help(f: dataclasses.Field[Any]) -> str:
+    """The help text of a :class:`TrainConfig` field, with the registered choices filled in."""
+    text = str(f.metadata.get("help", ""))
+    registry = f.metadata.get("choices")
+    return text if registry is None else text.replace("{choices}", ", ".join(registry.names()))
 
 
 @dataclass(frozen=True)
@@ -133,15 +151,13 @@ class TrainConfig:
     tensorboard: bool = _f(True, "write TensorBoard logs when tensorboard is installed")
     # --- sparsity -------------------------------------------------------------
     dense: bool = _f(False, "train the dense baseline (no pruning)")
-    method: str = _f(
-        "feather", "sparsification method: feather, hard, soft, nonste, gmp, st3, spartan"
-    )
+    method: str = _f("feather", "sparsification method: {choices}", METHODS)
     sparsity: float = _f(0.9, "final target sparsity over all prunable weights")
     # Unset (None): the method decides (Feather: operator feather with p = 3,
     # theta auto, backbone global); a set value the method fixes otherwise is
     # an error (feather_sparse.methods.pruner_config).
     operator: str | None = _f(
-        None, "thresholding operator: feather (p=3), soft, hard, st3 (unset: the method's)"
+        None, "thresholding operator: {choices} (unset: the method's)", REGISTRIES["operator"]
     )
     p: float | None = _f(None, "operator power >= 1 (overrides the operator's; inf = hard)")
     theta: float | str | None = _f(
@@ -149,9 +165,9 @@ class TrainConfig:
     )
     theta_rule: str = _f("paper", "auto theta boundary: paper (S >= 0.95) or released (S > 0.95)")
     backbone: str | None = _f(
-        None, "threshold backbone: global, uniform, global-flops, asl+ (unset: the method's)"
+        None, "threshold backbone: {choices} (unset: the method's)", REGISTRIES["backbone"]
     )
-    schedule: str = _f("cubic", "sparsity schedule: cubic, linear, constant")
+    schedule: str = _f("cubic", "sparsity schedule: {choices}", REGISTRIES["schedule"])
     schedule_start: float = _f(0.0, "fraction of training where the sparsity ramp starts")
     schedule_end: float = _f(0.5, "fraction of training where the target sparsity is reached")
     update_every: int = _f(1, "recompute the thresholds every this many steps")

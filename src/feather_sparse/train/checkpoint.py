@@ -1,7 +1,7 @@
 """Training checkpoints for resuming: the RNG states, resume checks, and the file itself.
 
 The file (``last.pt``, ``prev.pt``, the SHA-256 seal, the fallback to
-``prev.pt``) is :mod:`feather_sparse.checkpoint_file`, re-exported here; this
+``prev.pt``) is :mod:`feather_sparse.run_files`, re-exported here; this
 module adds what only the training loop needs.
 
 Resuming (``resume=True`` / ``--resume RUN_DIR``) continues from the last
@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from feather_sparse.checkpoint_file import (
+from feather_sparse.recipes import TrainConfig
+from feather_sparse.run_files import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
     PREVIOUS_NAME,
@@ -30,7 +31,6 @@ from feather_sparse.checkpoint_file import (
     previous_checkpoint_path,
     save_checkpoint,
 )
-from feather_sparse.recipes import TrainConfig
 
 __all__ = [
     "CHECKPOINT_FORMAT",

@@ -28,6 +28,7 @@ from feather_sparse.integrity import DiskFullError
 from feather_sparse.methods import check_method
 from feather_sparse.pruner import PrunerReport
 from feather_sparse.recipes import TrainConfig
+from feather_sparse.run_files import MODEL_NAME, PLAIN_MODEL_NAME
 from feather_sparse.train.checkpoint import (
     _check_resume,
     checkpoint_path,
@@ -277,7 +278,9 @@ def _train(
         _write_run_info(s)
         reason = _export_unavailable()
         if reason is not None:
-            logger.warning("%s: the model will be saved as model.pt, not model.fsp", reason)
+            logger.warning(
+                "%s: the model will be saved as %s, not %s", reason, PLAIN_MODEL_NAME, MODEL_NAME
+            )
     n_params = sum(p.numel() for p in s.model.parameters())
     logger.info(
         "%s: %s (%s params) on %s (%d train / %d test), %d epochs × %d steps, %s, device %s",

@@ -31,6 +31,7 @@ from torch import nn
 
 from feather_sparse.integrity import NotWritableError, check_zip_seal, seal_zip, write_atomic
 from feather_sparse.recipes import TrainConfig
+from feather_sparse.run_files import CHECKPOINTS_DIR, MODEL_NAME, PLAIN_MODEL_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -187,14 +188,16 @@ def _save_model(
     if reason is None:
         from feather_sparse.export import save_sparse
 
-        path = run_dir / "model.fsp"
+        path = run_dir / MODEL_NAME
         try:
             save_sparse(model, path, metadata=metadata)
             return path
         except (ImportError, ValueError, RuntimeError) as err:
             reason = f"save_sparse failed ({err})"
-    logger.warning("%s: saving the plain state_dict as model.pt instead of model.fsp", reason)
-    path = run_dir / "model.pt"
+    logger.warning(
+        "%s: saving the plain state_dict as %s instead of %s", reason, PLAIN_MODEL_NAME, MODEL_NAME
+    )
+    path = run_dir / PLAIN_MODEL_NAME
     buffer = io.BytesIO()
     torch.save(
         {"format": "feather-sparse-model", "model": spec, "state_dict": model.state_dict()}, buffer
@@ -235,7 +238,8 @@ def _finished_run(
     """
     rows = _read_metrics(run_dir / "metrics.jsonl")
     final = next((row for row in reversed(rows) if row.get("final")), None)
-    path = next((run_dir / n for n in ("model.fsp", "model.pt") if (run_dir / n).is_file()), None)
+    names = (MODEL_NAME, PLAIN_MODEL_NAME)
+    path = next((run_dir / n for n in names if (run_dir / n).is_file()), None)
     if final is None or path is None:
         return None
     try:
@@ -265,6 +269,6 @@ def _prepare(run_dir: Path) -> None:
             "choose another --run-dir, or make it writable"
         ) from err
     # Temporary files of writers killed mid-write (checkpoint, model, JSON).
-    for folder in (run_dir, run_dir / "checkpoints"):
+    for folder in (run_dir, run_dir / CHECKPOINTS_DIR):
         for stale in folder.glob(".*.tmp") if folder.is_dir() else ():
             stale.unlink(missing_ok=True)

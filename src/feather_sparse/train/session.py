@@ -20,6 +20,7 @@ from torch import nn
 
 from feather_sparse._version import __version__
 from feather_sparse.methods import build_pruner
+from feather_sparse.models import MODEL_SPEC_ATTR
 from feather_sparse.recipes import TrainConfig
 from feather_sparse.train.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -100,7 +101,7 @@ def _setup(
     )
     model = create_model(config.model, num_classes=bundle.num_classes, **config.model_kwargs)
     fallback_spec = {"name": config.model, "kwargs": {"num_classes": bundle.num_classes}}
-    spec = dict(getattr(model, "feather_model_spec", fallback_spec))
+    spec = dict(getattr(model, MODEL_SPEC_ATTR, fallback_spec))
     model.to(device)
     if checkpoint is not None:
         # The checkpoint holds plain (dense) keys: load them before attaching the Pruner.

@@ -1,4 +1,4 @@
-"""The training checkpoint file: ``last.pt`` and ``prev.pt``, sealed, written atomically.
+"""The run folder's files that training writes and export reads: their names, the checkpoints.
 
 Every checkpoint carries its SHA-256 (:mod:`feather_sparse.integrity`) and is
 written atomically; the training loop keeps the one before as ``prev.pt``, and
@@ -6,7 +6,8 @@ written atomically; the training loop keeps the one before as ``prev.pt``, and
 missing. What a checkpoint holds is the training loop's business
 (:mod:`feather_sparse.train.session`); this module only writes and verifies the
 file, so that ``export`` reads checkpoints the way ``--resume`` does without
-importing the training loop.
+importing the training loop. The layout of the rest of the run folder is
+described in :mod:`feather_sparse.train.run_dir`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ import torch
 from feather_sparse.integrity import IntegrityError, check_zip_seal, seal_zip, write_atomic
 
 __all__ = [
+    "CHECKPOINTS_DIR",
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_VERSION",
+    "LAST_NAME",
+    "MODEL_NAME",
+    "PLAIN_MODEL_NAME",
     "PREVIOUS_NAME",
     "LatestCheckpoint",
     "checkpoint_path",
@@ -37,17 +42,26 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: The folder of the checkpoints, inside the run folder.
+CHECKPOINTS_DIR = "checkpoints"
+#: The newest checkpoint, in :data:`CHECKPOINTS_DIR`.
+LAST_NAME = "last.pt"
+#: The checkpoint before ``last.pt``, kept beside it.
+PREVIOUS_NAME = "prev.pt"
+#: The finished run's compressed model, in the run folder.
+MODEL_NAME = "model.fsp"
+#: The finished run's plain ``state_dict`` when ``.fsp`` export is unavailable.
+PLAIN_MODEL_NAME = "model.pt"
+
 CHECKPOINT_FORMAT = "feather-sparse-checkpoint"
 #: 2: sealed with a SHA-256 (:mod:`feather_sparse.integrity`); 1: no checksum.
 CHECKPOINT_VERSION = 2
 SEALED_SINCE_VERSION = 2
-#: The checkpoint before ``last.pt``, kept beside it.
-PREVIOUS_NAME = "prev.pt"
 
 
 def checkpoint_path(run_dir: str | os.PathLike[str]) -> Path:
     """``RUN_DIR/checkpoints/last.pt``."""
-    return Path(run_dir) / "checkpoints" / "last.pt"
+    return Path(run_dir) / CHECKPOINTS_DIR / LAST_NAME
 
 
 def previous_checkpoint_path(path: str | os.PathLike[str]) -> Path:
