@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import struct
-import sys
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -657,11 +656,11 @@ def fake_zoo(monkeypatch: pytest.MonkeyPatch) -> ZooFactory:
         model.feather_model_spec = {"name": "mixed", "kwargs": {}}
         return model
 
-    zoo = types.ModuleType("feather_sparse.models")
-    zoo.create_model = create_model  # type: ignore[attr-defined]
-    zoo.list_models = lambda: ["mixed"]  # type: ignore[attr-defined]
-    zoo.model_info = lambda name: types.SimpleNamespace(input_shape=(1, 40))  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "feather_sparse.models", zoo)
+    import feather_sparse.models as zoo
+
+    monkeypatch.setattr(zoo, "create_model", create_model)
+    monkeypatch.setattr(zoo, "list_models", lambda: ["mixed"])
+    monkeypatch.setattr(zoo, "model_info", lambda name: types.SimpleNamespace(input_shape=(1, 40)))
     return create_model
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from feather_sparse.analysis import Curve, FlopsReport, MaskStability, SparsityDistribution
+from feather_sparse.ops import threshold as apply_threshold
 
 __all__ = [
     "plot_curves",
@@ -285,8 +286,6 @@ def plot_operator_family(
     for reference.
     """
     import torch
-
-    from feather_sparse.ops import threshold as apply_threshold
 
     w = torch.linspace(-span, span, 1201, dtype=torch.float64)
     t = torch.tensor(threshold, dtype=torch.float64)

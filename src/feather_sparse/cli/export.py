@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from feather_sparse import models
 from feather_sparse.export.codec import _VALUE_DTYPES
 from feather_sparse.export.files import check_writable
 from feather_sparse.export.fsp import inspect_sparse, save_sparse
@@ -64,9 +65,7 @@ def _input_shape(model: nn.Module, text: str | None) -> tuple[int, ...]:
         return _parse_shape(text)
     spec = getattr(model, MODEL_SPEC_ATTR, None)
     if spec:
-        from feather_sparse.models import model_info  # looked up late: tests stand a zoo in
-
-        return tuple(model_info(str(spec["name"])).input_shape)
+        return tuple(models.model_info(str(spec["name"])).input_shape)
     raise ValueError("the model has no registered input shape; pass --input-shape")
 
 

@@ -79,6 +79,7 @@ _CLI_NAMES = {"add_cli_arguments": "add_arguments", "run_cli": "run"}
 
 def __getattr__(name: str) -> Any:
     if name in _CLI_NAMES:
+        # Lazy: importing the library never imports the CLI (and argparse).
         from feather_sparse.cli import export as cli_export
 
         return getattr(cli_export, _CLI_NAMES[name])

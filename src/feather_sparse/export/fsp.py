@@ -83,6 +83,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from feather_sparse import models
 from feather_sparse._version import __version__
 from feather_sparse.export.codec import (
     _BITS_DTYPES,
@@ -515,12 +516,11 @@ def _model_from_spec(info: SparseFileInfo) -> nn.Module:
             f"{info.path} has no model spec (the model did not come from create_model); "
             "pass the model to load into: load_sparse(path, model)"
         )
-    from feather_sparse.models import create_model  # looked up late: tests stand a zoo in
 
     name, kwargs = str(spec["name"]), dict(spec.get("kwargs") or {})
     try:
         with torch.device("meta"):
-            skeleton = create_model(name, **kwargs)
+            skeleton = models.create_model(name, **kwargs)
     except Exception:  # cannot be built on meta: the check runs after the real build
         logger.debug("%s cannot be built on the meta device", _describe_spec(spec), exc_info=True)
     else:
@@ -531,7 +531,7 @@ def _model_from_spec(info: SparseFileInfo) -> nn.Module:
             "the header was edited or damaged; pass the model to load into)",
         )
     try:
-        return create_model(name, **kwargs)
+        return models.create_model(name, **kwargs)
     except TypeError as err:
         raise ValueError(
             f"{info.path}: its model spec {_describe_spec(spec)} cannot be built ({err})"

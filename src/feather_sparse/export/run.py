@@ -20,8 +20,10 @@ from typing import Any, Literal
 
 from torch import nn
 
+from feather_sparse import models
 from feather_sparse.export.files import sniff
 from feather_sparse.export.fsp import inspect_sparse, load_sparse
+from feather_sparse.pruner import Pruner
 from feather_sparse.run_files import (
     CHECKPOINTS_DIR,
     LAST_NAME,
@@ -128,9 +130,7 @@ def _from_training_checkpoint(
     else:
         finished = True  # nothing says otherwise
 
-    from feather_sparse.models import create_model  # looked up late: tests stand a zoo in
-
-    model = create_model(str(spec["name"]), **dict(spec.get("kwargs") or {}))
+    model = models.create_model(str(spec["name"]), **dict(spec.get("kwargs") or {}))
     try:
         model.load_state_dict(ckpt["model"], strict=True)
     except RuntimeError as err:  # torch lists every key on many lines
@@ -141,8 +141,6 @@ def _from_training_checkpoint(
     achieved = target = None
     warning = None
     if state is not None:
-        from feather_sparse.pruner import Pruner
-
         try:
             pruner = Pruner.from_state_dict(model, state)
         except (KeyError, TypeError) as err:

@@ -24,8 +24,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
+from feather_sparse.data import DATASETS, load_dataset
 from feather_sparse.integrity import DiskFullError
 from feather_sparse.methods import check_method
+from feather_sparse.models import create_model, model_info
 from feather_sparse.pruner import PrunerReport
 from feather_sparse.recipes import TrainConfig
 from feather_sparse.run_files import MODEL_NAME, PLAIN_MODEL_NAME
@@ -415,9 +417,6 @@ def train(
         TrainingInterrupted: (a ``KeyboardInterrupt``) on Ctrl-C, saying
             where the run stopped and how to continue it.
     """
-    from feather_sparse.data import DATASETS, load_dataset
-    from feather_sparse.models import create_model, model_info
-
     started = time.perf_counter()
     ctx = distributed_context()
 

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from feather_sparse import models
+from feather_sparse.export import load_sparse, save_sparse
 from feather_sparse.integrity import NotWritableError, check_zip_seal, seal_zip, write_atomic
 from feather_sparse.recipes import TrainConfig
 from feather_sparse.run_files import CHECKPOINTS_DIR, MODEL_NAME, PLAIN_MODEL_NAME
@@ -167,10 +169,6 @@ def _report_table(run_dir: Path) -> str:
 
 def _export_unavailable() -> str | None:
     """Why the compressed ``model.fsp`` cannot be written here, or None if it can."""
-    try:
-        import feather_sparse.export  # noqa: F401
-    except ImportError as err:
-        return f"feather_sparse.export does not import ({err})"
     if importlib.util.find_spec("safetensors") is None:
         return "safetensors is not installed (pip install 'feather-sparse[export]')"
     return None
@@ -186,8 +184,6 @@ def _save_model(
     """
     reason = _export_unavailable()
     if reason is None:
-        from feather_sparse.export import save_sparse
-
         path = run_dir / MODEL_NAME
         try:
             save_sparse(model, path, metadata=metadata)
@@ -213,16 +209,12 @@ def _load_saved_model(path: Path) -> nn.Module:
         ValueError: when the file is damaged or not a saved model.
     """
     if path.suffix == ".fsp":
-        from feather_sparse.export import load_sparse
-
         return load_sparse(path)
-    from feather_sparse.models import create_model
-
     data = path.read_bytes()
     check_zip_seal(data, path)
     saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     spec = saved["model"]
-    model = create_model(str(spec["name"]), **dict(spec.get("kwargs") or {}))
+    model = models.create_model(str(spec["name"]), **dict(spec.get("kwargs") or {}))
     model.load_state_dict(saved["state_dict"])
     return model
 
