@@ -1,5 +1,8 @@
 """Exact k-th smallest magnitude over many tensors, without sorting or concatenating.
 
+Over 600 lines as one cohesive thing: a single algorithm (bucket narrowing),
+its local and its multi-process (torch.distributed) form sharing every pass.
+
 The global backbone of Feather (§3 of the paper) needs, at every iteration, the
 threshold ``T`` below which a fraction ``s`` of all prunable weights lies. The
 authors' released code concatenates every weight and sorts them (``O(N log N)``
