@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import feather_sparse.train
+from _guards import guard
 from feather_sparse import cli
 from feather_sparse.bench import EXPERIMENTS, BenchOptions, run_experiment
 from feather_sparse.bench.driver import plan_experiments
@@ -77,6 +78,10 @@ def test_paper_regime_sweep_size(tmp_path: Path) -> None:
     assert plan.distinct == len(plan.todo) == 205 + 30 + 40 + 40
 
 
+@guard(
+    "`bench` with missing data",
+    "CLI exit 1, one line naming the data set and `--data-dir`; no run started",
+)
 def test_missing_data_is_one_line_before_any_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,7 +6,7 @@ import json
 import math
 import struct
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from _guards import guard
 from feather_sparse import Pruner, __version__, cli, export
 from feather_sparse.export import (
     FORMAT_VERSION,
@@ -53,20 +54,12 @@ def _num_params(name: str) -> int:
 _MODEL_PARAMS = {name: _num_params(name) for name in REGISTERED_MODELS}
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 # ---------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # On a busy 2-core machine, multi-threaded OpenMP waits for cores and runs
-    # 10-100x slower (a convnet forward: 0.1 s -> 4 s); no result here
-    # depends on the thread count.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def prune_(model: nn.Module, sparsity: float) -> nn.Module:
@@ -206,6 +199,7 @@ def test_reduced_precision_values(values: str, dtype: torch.dtype, tmp_path: Pat
     assert half.stat().st_size < exact.stat().st_size - values_bytes // 3
 
 
+@guard("`save_sparse` at fp16 of weights beyond fp16's range", "`ValueError`: overflows")
 def test_fp16_overflow_is_an_error(tmp_path: Path) -> None:
     net = prune_(nn.Linear(32, 32), 0.9)
     with torch.no_grad():
@@ -311,11 +305,13 @@ def test_gap_codec_golden_gaps(gap: int) -> None:
 # ---------------------------------------------------------------------------
 
 
+@guard("`load_sparse` of a missing file", "`FileNotFoundError`: does not exist")
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_sparse(tmp_path / "nope.fsp", nn.Linear(2, 2))
 
 
+@guard("a truncated `.fsp`", "`ValueError` naming the file")
 def test_truncated_file(sparse_net: MixedNet, tmp_path: Path) -> None:
     path = tmp_path / "net.fsp"
     save_sparse(sparse_net, path)
@@ -357,6 +353,7 @@ def test_other_format_version(tmp_path: Path) -> None:
         load_sparse(path, nn.Linear(8, 8))
 
 
+@guard("a plain safetensors file read as a `.fsp`", "`ValueError`: not a feather-sparse checkpoint")
 def test_plain_safetensors_file_is_rejected(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -365,6 +362,7 @@ def test_plain_safetensors_file_is_rejected(tmp_path: Path) -> None:
         inspect_sparse(tmp_path / "plain.safetensors")
 
 
+@guard("a file of no known kind read as a `.fsp`", "`ValueError`: truncated or corrupted")
 def test_not_a_file_of_any_kind(tmp_path: Path) -> None:
     (tmp_path / "junk.fsp").write_bytes(b"certainly not safetensors" * 10)
     with pytest.raises(ValueError, match="truncated or corrupted"):
@@ -390,6 +388,10 @@ def test_load_without_model_needs_a_spec(sparse_net: MixedNet, tmp_path: Path) -
         load_sparse(tmp_path / "net.fsp")
 
 
+@guard(
+    "`save_sparse` with an unknown `values` or non-JSON metadata",
+    "`ValueError` naming the argument",
+)
 def test_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="values must be one of"):
         save_sparse(nn.Linear(2, 2), tmp_path / "x.fsp", values="fp8")
@@ -415,6 +417,7 @@ def _rewrite_header(path: Path, edit: Callable[[dict], None]) -> None:
     save_file(entries, str(path), metadata=metadata)
 
 
+@guard("a `.fsp` whose model spec was edited", "`ValueError` before any model is allocated")
 @pytest.mark.skipif("mnist1d_cnn" not in REGISTERED_MODELS, reason="needs the model zoo")
 def test_edited_model_spec_fails_before_the_model_is_built(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -445,6 +448,10 @@ def test_every_registered_model_builds_on_meta(name: str) -> None:
     assert all(p.device.type == "meta" for p in model.parameters())
 
 
+@guard(
+    "`save_sparse` to a folder, or below a file",
+    "`IsADirectoryError` / `NotADirectoryError` suggesting a file name",
+)
 def test_save_sparse_to_a_folder_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(IsADirectoryError, match=r"is a directory; .*model\.fsp"):
         save_sparse(nn.Linear(2, 2), tmp_path)
@@ -454,6 +461,10 @@ def test_save_sparse_to_a_folder_is_a_clear_error(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no temporary left
 
 
+@guard(
+    "`inspect_sparse` / `load_sparse` of a folder or a `.pt`",
+    "`IsADirectoryError`; `ValueError` pointing to `feather-sparse export`",
+)
 def test_reading_a_folder_or_a_torch_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(IsADirectoryError, match=r"is a folder, not a sparse checkpoint"):
         inspect_sparse(tmp_path)
@@ -462,6 +473,9 @@ def test_reading_a_folder_or_a_torch_file_is_a_clear_error(tmp_path: Path) -> No
         load_sparse(tmp_path / "x.pt", nn.Linear(2, 2))
 
 
+@guard(
+    "the disk fills up while a `.fsp` is written", "`DiskFullError`; the previous file unchanged"
+)
 def test_full_disk_keeps_the_previous_file(
     sparse_net: MixedNet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -494,6 +508,10 @@ def test_temporaries_of_killed_writers_are_removed(tmp_path: Path) -> None:
     assert not dead.exists() and alive.exists() and other.exists()
 
 
+@guard(
+    "`export` / `inspect` of a folder, a missing, garbage or cut file",
+    "CLI exit 1, one line, no torch advice",
+)
 def test_cli_bad_files_are_one_line(
     fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -629,6 +647,7 @@ def test_cli_inspect(
     assert "x the bound H(d)*N + raw values" in out and "patterns" in out
 
 
+@guard("`export DIR` that holds no run, `inspect` of a missing file", "CLI exit 1, one line")
 def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["inspect", str(tmp_path / "missing.fsp")]) == 1
     assert "does not exist" in capsys.readouterr().err
@@ -804,6 +823,7 @@ def test_export_source_without_epochs_uses_the_pruner_steps(
     assert loaded.target == 0.9 and loaded.warning is None
 
 
+@guard("`export --sparsity` outside [0, 1)", "CLI exit 1: must be in [0, 1)")
 @pytest.mark.parametrize(
     ("extra", "message"),
     [(["--sparsity", "1.5"], "must be in [0, 1)"), (["--sparsity", "-0.1"], "must be in [0, 1)")],
@@ -835,6 +855,7 @@ def test_cli_export_sparsity_needs_a_sparse_training_checkpoint(
     assert "finalized sparse checkpoint" in capsys.readouterr().err
 
 
+@guard("a training checkpoint whose weights do not fit its model spec", "CLI exit 1, one line")
 def test_cli_export_of_a_checkpoint_that_does_not_fit_its_spec(
     fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -845,6 +866,7 @@ def test_cli_export_of_a_checkpoint_that_does_not_fit_its_spec(
     assert len(err) == 1 and "do not fit its model spec" in err[0]
 
 
+@guard("`export` of a `.pt` another program wrote", "CLI exit 1 naming its format")
 def test_cli_export_rejects_other_checkpoints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -893,6 +915,7 @@ def test_cli_export_onnx(
     assert (tmp_path / "m.onnx").stat().st_size > 0
 
 
+@guard("`--onnx` with an opset older than torch exports", "`ValueError` naming the opset")
 def test_onnx_export_rejects_what_it_cannot_write(tmp_path: Path) -> None:
     pytest.importorskip("onnx")
     net = prune_(MixedNet(), 0.9).eval()
@@ -903,6 +926,7 @@ def test_onnx_export_rejects_what_it_cannot_write(tmp_path: Path) -> None:
     assert not (tmp_path / "net.onnx").exists()
 
 
+@guard("`inspect /dev/null` (not a regular file)", "`ValueError`: not a regular file")
 @pytest.mark.skipif(not Path("/dev/null").exists(), reason="needs /dev/null")
 def test_inspect_of_a_device_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="not a regular file"):

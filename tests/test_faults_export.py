@@ -17,6 +17,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from _guards import guard
 from feather_sparse import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,8 +38,7 @@ def bench() -> Iterator[ModuleType]:
 
 
 @pytest.fixture
-def source(bench: ModuleType, tmp_path: Path) -> Path:
-    torch.set_num_threads(1)
+def source(bench: ModuleType, tmp_path: Path, one_thread: None) -> Path:
     return bench.make_source(tmp_path)
 
 
@@ -47,6 +47,7 @@ def assert_all_detected(row: object) -> None:
     assert row.overwritten == 0, row  # type: ignore[attr-defined]
 
 
+@guard("a `.fsp` with a flipped bit", "`ValueError` naming the file; `model.fsp` never overwritten")
 def test_single_bit_flips_are_detected(bench: ModuleType, source: Path) -> None:
     assert_all_detected(bench.bit_flips(source, 20, random.Random(0)))
 
@@ -55,6 +56,7 @@ def test_single_bit_flips_in_the_headers_are_detected(bench: ModuleType, source:
     assert_all_detected(bench.bit_flips(source, 20, random.Random(1), headers_only=True))
 
 
+@guard("a `.fsp` cut short", "`ValueError` naming the file; `model.fsp` never overwritten")
 def test_truncations_are_detected(bench: ModuleType, source: Path) -> None:
     assert_all_detected(bench.truncations(source, 20, random.Random(2)))
 
@@ -69,12 +71,19 @@ def test_the_checks_can_fail(bench: ModuleType, source: Path, tmp_path: Path) ->
     assert bench.check_damaged(copy, good) == (False, True)
 
 
+@guard(
+    "SIGKILL during `export`",
+    "the old `model.fsp` stays whole; the next export removes the temporaries",
+)
 def test_sigkill_during_export_keeps_model_fsp_whole(bench: ModuleType, source: Path) -> None:
     row = bench.sigkill_during_export(source, 1, random.Random(3))
     assert row.detected == 1 and row.overwritten == 0
     assert row.temp_left.endswith("0 after the next export")
 
 
+@guard(
+    "`export RUN -o RUN/model.fsp` from a cut `last.pt`", "CLI exit 1, one line; `model.fsp` kept"
+)
 def test_damaged_training_checkpoint_does_not_replace_model_fsp(
     source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
+from _guards import guard
 from feather_sparse.methods import METHODS, build_pruner, check_method, pruner_config
 from feather_sparse.pruner_config import FORMAT_VERSION, PrunerConfig
 from feather_sparse.recipes import TrainConfig, load_config
@@ -141,6 +142,10 @@ def test_pruner_config_refuses_bad_values(kwargs: dict[str, Any], match: str) ->
         PrunerConfig(**kwargs)
 
 
+@guard(
+    "`p < 1` in `fs.threshold`, `Pruner` or `TrainConfig`",
+    "the same `ValueError` everywhere: p must be >= 1",
+)
 @pytest.mark.parametrize("p", [0.5, 0.0, -1.0])
 def test_one_rule_for_p_everywhere(p: float) -> None:
     message = "p must be >= 1"

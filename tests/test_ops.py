@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feather_sparse as fs
+from _guards import guard
 from feather_sparse.ops import OPERATORS, ThresholdOperator, _ThresholdSTE
 
 FLOATS = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, width=32)
@@ -194,6 +195,7 @@ def test_autograd_function_gradcheck_like_identity_on_kept() -> None:
 
 
 # ------------------------------------------------------------------- validation
+@guard("`p < 1` or NaN for the operator", "`ValueError`: p must be >= 1")
 @pytest.mark.parametrize("p", [0.0, 0.5, 0.999, -1.0, float("nan")])
 def test_bad_p(p: float) -> None:
     with pytest.raises(ValueError, match="p must be >= 1"):
@@ -213,6 +215,7 @@ def test_threshold_must_be_0d() -> None:
         fs.threshold(torch.ones(3), torch.ones(3))
 
 
+@guard("`fs.threshold(w, T)` with a negative T", "`ValueError`: a negative T enlarges weights")
 @pytest.mark.parametrize("t", [-0.5, torch.tensor(-0.5)])
 def test_negative_threshold_is_refused(t: float | torch.Tensor) -> None:
     # Unchecked, T = -0.5 turns 0.1 into (0.1^3 + 0.5^3)^(1/3) = 0.501: weights grow.
@@ -220,12 +223,16 @@ def test_negative_threshold_is_refused(t: float | torch.Tensor) -> None:
         fs.threshold(torch.tensor([0.1, -2.0]), t)
 
 
+@guard("`fs.threshold(w, T)` with T NaN or inf", "`ValueError`: T must be a finite number >= 0")
 @pytest.mark.parametrize("t", [math.nan, math.inf, torch.tensor(math.nan)])
 def test_non_finite_threshold_is_refused(t: float | torch.Tensor) -> None:
     with pytest.raises(ValueError, match="T must be a finite number >= 0"):
         fs.threshold(torch.tensor([0.1, -2.0]), t)
 
 
+@guard(
+    "`fs.threshold` on an integer or bool tensor", "`TypeError` naming the dtype and `w.float()`"
+)
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
 def test_integer_weights_are_refused(dtype: torch.dtype) -> None:
     # Unchecked, an integer tensor came back truncated to whole numbers.
