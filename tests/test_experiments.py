@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from feather_sparse import cli
+from feather_sparse.bench.pages import finite_curve
 from feather_sparse.experiments import (
     COMPARE_METHODS,
     EXPERIMENTS,
@@ -179,6 +180,13 @@ def test_grid_table_bold_best_mean_per_column_and_failures() -> None:
     assert "**70.00" in low[3] and "**40.00" in low[2]
     curve_a = grid.curves_by_row()[0]
     assert curve_a.x == (0.9, 0.99) and curve_a.mean == pytest.approx((81.0, 40.0))
+
+
+def test_finite_curve_leaves_out_cells_without_a_value() -> None:
+    curve = finite_curve("a", [(0.5, (80.0, 1.0)), (0.9, (math.nan, 0.0)), (0.99, (40.0, 0.0))])
+    assert curve is not None and curve.label == "a"
+    assert (curve.x, curve.mean, curve.std) == ((0.5, 0.99), (80.0, 40.0), (1.0, 0.0))
+    assert finite_curve("b", [(0.9, (math.nan, 0.0))]) is None
 
 
 def test_run_outcome_json_round_trip_with_non_finite_values() -> None:

@@ -274,15 +274,22 @@ def flip_readable_bit(path: Path, rng: random.Random) -> None:
     raise AssertionError(f"no readable single-bit flip of {path} found")
 
 
+@pytest.fixture
+def damaged_run(finished_run: Path, tmp_path: Path) -> Path:
+    """A copy of the finished run whose ``last.pt`` has a flipped bit torch still reads."""
+    run = copy_run(finished_run, tmp_path)
+    flip_readable_bit(checkpoint_path(run), random.Random(8))
+    return run
+
+
 @guard(
     "`export RUN_DIR` whose `last.pt` has a flipped bit (torch still reads it)",
     "warns, exports `prev.pt`; the damaged file is never exported",
 )
 def test_export_of_a_damaged_run_falls_back_to_the_previous_checkpoint(
-    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    damaged_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run = copy_run(finished_run, tmp_path)
-    flip_readable_bit(checkpoint_path(run), random.Random(8))
+    run = damaged_run
     out, expected = tmp_path / "out.fsp", tmp_path / "prev.fsp"
     assert cli.main(["export", str(run / "checkpoints" / "prev.pt"), "-o", str(expected)]) == 0
     capsys.readouterr()
@@ -297,12 +304,10 @@ def test_export_of_a_damaged_run_falls_back_to_the_previous_checkpoint(
     "CLI exit 1, one line naming the file; nothing written",
 )
 def test_export_of_a_damaged_checkpoint_file_is_refused(
-    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    damaged_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run = copy_run(finished_run, tmp_path)
-    flip_readable_bit(checkpoint_path(run), random.Random(9))
     out = tmp_path / "out.fsp"
-    assert cli.main(["export", str(checkpoint_path(run)), "-o", str(out)]) == 1
+    assert cli.main(["export", str(checkpoint_path(damaged_run)), "-o", str(out)]) == 1
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "last.pt" in error[0] and "SHA-256" in error[0]
     assert not out.exists() and temp_files(tmp_path) == []

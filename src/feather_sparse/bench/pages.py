@@ -35,6 +35,7 @@ __all__ = [
     "SWEEP_LOG",
     "Context",
     "Grid",
+    "finite_curve",
     "img",
     "machine_description",
     "pct",
@@ -68,6 +69,19 @@ def machine_description(workers: int | None = None, threads: int | str | None = 
     if workers is not None:
         parts.append(f"{workers} parallel run(s) × {threads or 1} torch thread(s)")
     return ", ".join(parts)
+
+
+def finite_curve(label: str, points: Sequence[tuple[float, tuple[float, float]]]) -> Curve | None:
+    """The curve through the ``(x, (mean, std))`` points that have a value; ``None`` if none do.
+
+    A cell without a value (no run, or only failed runs) has a NaN mean: it is
+    left out, not drawn at 0.
+    """
+    kept = [(x, mean, std) for x, (mean, std) in points if math.isfinite(mean)]
+    if not kept:
+        return None
+    xs, means, stds = zip(*kept)
+    return Curve(label, tuple(xs), tuple(means), tuple(stds))
 
 
 # ====================================================================== tables
@@ -196,18 +210,8 @@ class Grid:
 
     def curves_by_row(self) -> list[Curve]:
         """One curve per row, x = the columns (cells without values left out)."""
-        out = []
-        for r in self.rows:
-            xs, means, stds = [], [], []
-            for c in self.cols:
-                mean, std = self.stat(r, c)
-                if math.isfinite(mean):
-                    xs.append(c)
-                    means.append(mean)
-                    stds.append(std)
-            if xs:
-                out.append(Curve(r, tuple(xs), tuple(means), tuple(stds)))
-        return out
+        found = (finite_curve(r, [(c, self.stat(r, c)) for c in self.cols]) for r in self.rows)
+        return [curve for curve in found if curve is not None]
 
 
 def pct(x: float) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 from feather_sparse.analysis import Curve, mean_std
 from feather_sparse.bench.options import BenchOptions
-from feather_sparse.bench.pages import Context, Grid, paired_caption, pct
+from feather_sparse.bench.pages import Context, Grid, finite_curve, paired_caption, pct
 from feather_sparse.bench.runner import RunOutcome, RunSpec
 from feather_sparse.plots import plot_curves
 
@@ -139,16 +138,9 @@ def panels_over_theta(
     cols = sorted({c for g in grids.values() for c in g.cols})
     panels = []
     for c in cols:
-        curves = []
-        for label, grid in grids.items():
-            xs, means, stds = [], [], []
-            for t in thetas:
-                mean, std = grid.stat(theta_label(t), c)
-                if math.isfinite(mean):
-                    xs.append(t)
-                    means.append(mean)
-                    stds.append(std)
-            if xs:
-                curves.append(Curve(label, tuple(xs), tuple(means), tuple(stds)))
-        panels.append((f"sparsity {pct(c)}", curves))
+        found = (
+            finite_curve(label, [(t, grid.stat(theta_label(t), c)) for t in thetas])
+            for label, grid in grids.items()
+        )
+        panels.append((f"sparsity {pct(c)}", [curve for curve in found if curve is not None]))
     return panels
