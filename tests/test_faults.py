@@ -299,6 +299,17 @@ def test_export_of_a_damaged_run_falls_back_to_the_previous_checkpoint(
     assert same_weights(load_sparse(out), load_sparse(expected))  # prev.pt's model, not last.pt's
 
 
+def test_export_of_a_run_whose_last_checkpoint_is_no_zip_falls_back(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    last = checkpoint_path(run)
+    last.write_bytes(b"\0" * 8 + last.read_bytes()[8:])  # its zip signature gone
+    assert cli.main(["export", str(run), "-o", str(tmp_path / "out.fsp")]) == 0
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and "prev.pt" in warning[0]
+
+
 @guard(
     "`export last.pt` with a flipped bit (torch still reads it)",
     "CLI exit 1, one line naming the file; nothing written",

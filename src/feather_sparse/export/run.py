@@ -231,12 +231,14 @@ def load_export_source(source: Path, sparsity: float | None = None) -> ExportSou
     """
     source = Path(source)
     path = resolve_source(source)
+    if source.is_dir() and path.parent == checkpoint_path(source).parent:
+        # A run's checkpoint, whatever its first bytes: a damaged last.pt falls back.
+        _check_sparsity(sparsity)
+        latest = read_latest_checkpoint(source)
+        return _from_training_checkpoint(latest.path, latest.state, sparsity, latest.problem)
     kind = sniff(path)
     if kind == "zip":
         _check_sparsity(sparsity)
-        if source.is_dir():
-            latest = read_latest_checkpoint(source)
-            return _from_training_checkpoint(latest.path, latest.state, sparsity, latest.problem)
         return _from_training_checkpoint(path, load_checkpoint(path), sparsity)
     if kind == "safetensors":
         if sparsity is not None:
