@@ -39,6 +39,7 @@ from feather_sparse.backbones import (
     PruneTarget,
     layer_thresholds_at_most,
 )
+from feather_sparse.nm import NMBackbone, NMPattern, nm_pruner_settings
 from feather_sparse.ops import OPERATORS, Operator, OutputCache, ThresholdOperator, compute_dtype
 from feather_sparse.schedules import SCHEDULES, CubicSchedule, Schedule
 
@@ -154,6 +155,7 @@ class PrunerReport:
     sparsity: float
     params: int
     layers: tuple[LayerReport, ...]
+    pattern: str | None = None  # "2:4" for N:M pruning
 
     @property
     def collapsed(self) -> list[str]:
@@ -162,7 +164,10 @@ class PrunerReport:
 
     def table(self) -> str:
         """The rows as a Markdown table (for printing by the caller)."""
-        lines = [
+        lines = []
+        if self.pattern:
+            lines += [f"N:M pattern {self.pattern} (threshold: mean over groups)", ""]
+        lines += [
             "| layer | shape | params | threshold | sparsity |",
             "|---|---|---:|---:|---:|",
         ]
@@ -313,6 +318,11 @@ class Pruner:
             weights; ``None`` takes the group from the weights' device mesh.
             Plain (replicated) weights, as under DDP, never use it: every rank
             computes the identical threshold locally, with no communication.
+        pattern: ``"N:M"`` (e.g. ``"2:4"``) for N:M sparsity with Feather's
+            per-group thresholds (:mod:`feather_sparse.nm`): implies
+            ``sparsity = (M − N)/M`` and the N:M backbone; ``schedule``
+            decides how the pattern is reached (default: from the first
+            step) and ``total_steps`` may then be left out.
 
     Raises:
         ValueError: for invalid arguments, a model with no prunable layer, or a
@@ -322,8 +332,8 @@ class Pruner:
     def __init__(
         self,
         model: nn.Module,
-        sparsity: float,
-        total_steps: int,
+        sparsity: float | None = None,
+        total_steps: int | None = None,
         operator: str | Operator = "feather",
         p: float | None = None,
         theta: float | str = "auto",
@@ -337,8 +347,15 @@ class Pruner:
         theta_rule: str = "paper",
         check_finite: bool = True,
         process_group: ProcessGroup | None = None,
+        pattern: str | NMPattern | None = None,
     ) -> None:
         # --- validate everything before touching the model -------------------
+        if pattern is not None:  # N:M: the pattern fixes sparsity and backbone
+            sparsity, backbone, schedule, total_steps = nm_pruner_settings(
+                pattern, sparsity, backbone, schedule, total_steps, max_layer_sparsity
+            )
+        if sparsity is None:
+            raise ValueError("sparsity is required (or pattern='N:M' for N:M sparsity)")
         if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)):
             raise ValueError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
         if not 0.0 <= sparsity < 1.0:
@@ -544,13 +561,14 @@ class Pruner:
         """Per-layer name, shape, params, threshold and sparsity; flags collapsed layers."""
         zeros = self._layer_zeros()
         rows = []
-        for t, th, z in zip(self.targets, self.thresholds(), zeros):
+        weights, _ = self._local_weights()
+        for i, (t, w, th, z) in enumerate(zip(self.targets, weights, self.thresholds(), zeros)):
             rows.append(
                 LayerReport(
                     name=t.name,
                     shape=t.shape,
                     params=t.numel,
-                    threshold=float(th),
+                    threshold=self.backbone.report_threshold(i, w, th),
                     sparsity=z / t.numel,
                     collapsed=z == t.numel,
                 )
@@ -562,6 +580,7 @@ class Pruner:
             sparsity=sum(zeros) / self.num_params,
             params=self.num_params,
             layers=tuple(rows),
+            pattern=str(self.backbone.pattern) if isinstance(self.backbone, NMBackbone) else None,
         )
         self._warn_collapsed(report.collapsed)
         return report
@@ -614,7 +633,7 @@ class Pruner:
         if self.max_layer_sparsity is not None:
             caps = layer_thresholds_at_most(weights, self.max_layer_sparsity, group)
             thresholds = [torch.minimum(t, c.to(t)) for t, c in zip(thresholds, caps)]
-        if maxima is not None and sparsity > 0:
+        if maxima is not None and sparsity > 0 and self.backbone.thresholds_are_magnitudes:
             # Collapse check for free: a layer is fully pruned when T_l >= max |w_l|.
             ts = torch.stack([t.detach().float().reshape(()).to(maxima.device) for t in thresholds])
             if bool((ts >= maxima).any()):
@@ -709,6 +728,8 @@ class Pruner:
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=True)
         self._finished = True
         weights, group = self._local_weights()
+        for i, w in enumerate(weights):
+            self.backbone.check_final(i, w)
         counts = torch.stack([torch.count_nonzero(w == 0) for w in weights])
         if group is not None:
             import torch.distributed as dist

@@ -1,0 +1,184 @@
+"""The N:M backbone: plugs the per-group operator into the Pruner.
+
+``Pruner(model, pattern="2:4")`` is ``Pruner(model, sparsity=0.5,
+backbone=NMBackbone("2:4"), schedule="constant")``: the backbone's 0-d
+"threshold" of each tensor is the *ramp* ``r = s(t) / S`` (the scheduled
+sparsity over the pattern's), and its forward computes every group's own
+threshold ``T_g`` from the current weights (:func:`~feather_sparse.nm.operator.nm_threshold`),
+scaled by ``r``. The schedule therefore decides how the pattern is reached:
+
+- ``"constant"`` (default): the full pattern from the first step;
+- ``{"name": "constant", "start": 0.1}``: dense for the first 10 % of the
+  steps, then the full pattern;
+- ``"cubic"`` (or ``"linear"``): the group thresholds grow from 0 to ``T_g``
+  along the ramp, keeping every weight above ``r·T_g`` besides the ``N`` ranked ones.
+
+Because ``T_g`` comes from the weights at each forward, every forward is
+exactly N:M (at ``r = 1``) whatever ``update_every``, and a resumed run
+needs nothing but the step (the ramp buffers are in the Pruner's state).
+
+Sharding: groups lie within one output row, so a dim-0 shard (FSDP2) holds
+whole groups and each rank prunes its own; :meth:`thresholds` needs no
+statistics of the weights, hence no communication.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget
+from feather_sparse.nm.operator import (
+    NMPattern,
+    check_layout,
+    group_view,
+    nm_keep_mask,
+    nm_threshold,
+)
+from feather_sparse.ops import Operator, ThresholdOperator
+from feather_sparse.schedules import ConstantSchedule, Schedule
+
+__all__ = ["DEFAULT_NM_SCHEDULE", "NMBackbone", "nm_pruner_settings"]
+
+#: How the pattern is reached by default: from the first step (see
+#: docs/results/nm-ramp.md for the ablation behind the choice).
+DEFAULT_NM_SCHEDULE: Schedule = ConstantSchedule()
+
+
+class NMBackbone(Backbone):
+    """Per-group thresholds of an N:M pattern (see the module docstring).
+
+    Args:
+        pattern: ``"2:4"``, ``"1:4"``, ``"4:8"``, … or an
+            :class:`~feather_sparse.nm.operator.NMPattern`.
+    """
+
+    name = "nm"
+    supports_sharding = True
+    thresholds_are_magnitudes = False
+
+    def __init__(self, pattern: str | NMPattern = "2:4") -> None:
+        self.pattern = NMPattern.parse(pattern)
+
+    def setup(self, targets: Sequence[PruneTarget]) -> None:
+        for t in targets:
+            check_layout(t.name, t.module, t.weight, self.pattern)
+        super().setup(targets)
+
+    def advance(self, step: int, total_steps: int, final_sparsity: float) -> None:
+        if not math.isclose(final_sparsity, self.pattern.sparsity, abs_tol=1e-12):
+            raise ValueError(
+                f"the {self.pattern} pattern prunes {self.pattern.sparsity:g} of the weights, "
+                f"but the Pruner's sparsity is {final_sparsity:g}: leave sparsity out "
+                f"(pattern={str(self.pattern)!r} implies it)"
+            )
+
+    def thresholds(self, weights: Sequence[Tensor], sparsity: float) -> list[Tensor]:
+        ramp = sparsity / self.pattern.sparsity
+        if ramp > 1.0 + 1e-9:
+            raise ValueError(
+                f"sparsity {sparsity:g} exceeds the {self.pattern} pattern's "
+                f"{self.pattern.sparsity:g}; an N:M pattern fixes the sparsity"
+            )
+        return [torch.tensor(min(ramp, 1.0), dtype=torch.float32, device=w.device) for w in weights]
+
+    def forward_weight(
+        self, index: int, weight: Tensor, threshold: Tensor, operator: Operator, theta: float
+    ) -> Tensor:
+        if not isinstance(operator, ThresholdOperator):
+            raise ValueError(
+                f"N:M pruning applies the thresholding operators (feather, soft, hard), "
+                f"not {operator!r}"
+            )
+        return nm_threshold(weight, self.pattern, threshold, operator.p, theta)
+
+    def keep_mask(self, weight: Tensor, threshold: Tensor) -> Tensor:
+        """Positions the forward keeps, shaped like ``weight`` (``N`` per group at ramp 1)."""
+        keep, t = nm_keep_mask(weight, self.pattern)
+        if float(threshold) < 1.0:
+            x = group_view(weight.detach(), self.pattern).abs().to(t.dtype)
+            keep = keep | (x > t * threshold.to(t.dtype))
+        return keep.reshape(weight.shape)
+
+    def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
+        return ~self.keep_mask(weight, threshold)
+
+    def report_threshold(self, index: int, weight: Tensor, threshold: Tensor) -> float:
+        """The mean group threshold ``r·T_g`` of tensor ``index``."""
+        if weight.numel() == 0:
+            return 0.0
+        _, t = nm_keep_mask(weight, self.pattern)
+        return float(t.mean()) * float(threshold)
+
+    def check_final(self, index: int, weight: Tensor) -> None:
+        """Raise unless every group of the baked ``weight`` holds at most ``n`` nonzeros."""
+        counts = (group_view(weight.detach(), self.pattern) != 0).sum(dim=1)
+        if counts.numel() and int(counts.max()) > self.pattern.n:
+            name = self.targets[index].name if hasattr(self, "targets") else str(index)
+            raise RuntimeError(
+                f"layer {name!r} holds {int(counts.max())} nonzeros in a group after finalize, "
+                f"more than the {self.pattern} pattern allows: please report this bug"
+            )
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "pattern": str(self.pattern)}
+
+
+BACKBONES.register("nm", NMBackbone)
+
+
+def nm_pruner_settings(
+    pattern: str | NMPattern,
+    sparsity: float | None,
+    backbone: Any,
+    schedule: Any,
+    total_steps: int | None,
+    max_layer_sparsity: float | None,
+) -> tuple[float, NMBackbone, Any, int]:
+    """Resolve the Pruner arguments that ``pattern=`` implies, or raise naming the conflict.
+
+    Returns:
+        ``(sparsity, backbone, schedule, total_steps)`` for the Pruner.
+    """
+    nm = NMPattern.parse(pattern)
+    if sparsity is not None and not math.isclose(float(sparsity), nm.sparsity, abs_tol=1e-12):
+        raise ValueError(
+            f"pattern={str(nm)!r} prunes {nm.sparsity:g} of the weights, but sparsity={sparsity} "
+            "was given: leave sparsity out (the pattern implies it)"
+        )
+    if not (backbone == "global" or isinstance(backbone, NMBackbone)):
+        raise ValueError(
+            f"pattern={str(nm)!r} brings its own per-group thresholds; backbone={backbone!r} "
+            "cannot be combined with it (leave backbone out)"
+        )
+    if max_layer_sparsity is not None:
+        raise ValueError("max_layer_sparsity does not apply to an N:M pattern (leave it out)")
+    if isinstance(backbone, NMBackbone) and backbone.pattern != nm:
+        raise ValueError(f"backbone pattern {backbone.pattern} differs from pattern={str(nm)!r}")
+    if schedule is None:
+        schedule = DEFAULT_NM_SCHEDULE
+    if total_steps is None:
+        if not _from_first_step(schedule):
+            raise ValueError(
+                "total_steps is needed to lay out a dense warm-up or a ramp "
+                "(epochs × batches per epoch)"
+            )
+        total_steps = 1  # the full pattern at every step: the length does not matter
+    return nm.sparsity, NMBackbone(nm), schedule, total_steps
+
+
+def _from_first_step(schedule: Any) -> bool:
+    """Whether ``schedule`` is the constant one starting at step 0 (it needs no length)."""
+    if isinstance(schedule, ConstantSchedule):
+        return schedule.start == 0.0
+    if schedule == "constant":
+        return True
+    return (
+        isinstance(schedule, dict)
+        and schedule.get("name") == "constant"
+        and schedule.get("start", 0.0) == 0.0
+    )
