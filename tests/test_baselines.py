@@ -18,6 +18,8 @@ import feather_sparse as fs
 from feather_sparse.baselines import SpartanBackbone, st3_rescale
 
 METHOD_NAMES = ["feather", "gmp", "hard", "nonste", "soft", "spartan", "st3"]
+#: The N:M methods (feather_sparse.nm.methods; tested in test_nm_methods.py).
+NM_METHOD_NAMES = ["feather-nm", "hard-nm", "oneshot-nm", "s-ste", "sr-ste"]
 
 # Every method, and Feather on every backbone.
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -82,11 +84,13 @@ def train(model: nn.Module, pruner: fs.Pruner, opt: torch.optim.Optimizer, steps
 
 # ---------------------------------------------------------------- registry
 def test_method_registry_and_errors() -> None:
-    assert fs.METHODS.names() == METHOD_NAMES
-    for name in METHOD_NAMES:
+    assert fs.METHODS.names() == sorted(METHOD_NAMES + NM_METHOD_NAMES)
+    for name in METHOD_NAMES + NM_METHOD_NAMES:
         method = fs.METHODS.get(name)
         assert method.reference and method.summary
-    with pytest.raises(ValueError, match="unknown method 'rigl'; choose one of: feather, gmp"):
+    with pytest.raises(
+        ValueError, match="unknown method 'rigl'; choose one of: feather, feather-nm, gmp"
+    ):
         fs.make_pruner(SmallCNN(), "rigl", sparsity=0.5, total_steps=10)
     with pytest.raises(ValueError, match=r"method 'gmp' fixes operator='hard'"):
         fs.make_pruner(SmallCNN(), "gmp", sparsity=0.5, total_steps=10, operator="feather")

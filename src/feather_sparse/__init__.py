@@ -33,6 +33,8 @@ from feather_sparse.export import (
     to_sparse_inference,
 )
 from feather_sparse.models import ModelInfo, create_model, list_models, model_info, register_model
+from feather_sparse.nm import NMBackbone, NMPattern
+from feather_sparse.nm import methods as _nm_methods  # noqa: F401  (registers the N:M methods)
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, threshold
 from feather_sparse.pruner import DEFAULT_INCLUDE, LayerReport, Pruner, PrunerReport, auto_theta
 from feather_sparse.registry import Registry
@@ -62,6 +64,8 @@ __all__ = [
     "LinearSchedule",
     "Method",
     "ModelInfo",
+    "NMBackbone",
+    "NMPattern",
     "Operator",
     "Pruner",
     "PrunerReport",

@@ -631,7 +631,13 @@ class Method:
             out["backbone"] = {**base, **options}
         return out
 
-    def build(self, model: nn.Module, sparsity: float, total_steps: int, **kwargs: Any) -> Pruner:
+    def build(
+        self,
+        model: nn.Module,
+        sparsity: float | None = None,
+        total_steps: int | None = None,
+        **kwargs: Any,
+    ) -> Pruner:
         """A :class:`~feather_sparse.pruner.Pruner` for ``model`` running this method."""
         return Pruner(model, sparsity, total_steps, **self.pruner_kwargs(**kwargs))
 
@@ -710,8 +716,8 @@ def make_pruner(
     model: nn.Module,
     method: str | Method = "feather",
     *,
-    sparsity: float,
-    total_steps: int,
+    sparsity: float | None = None,
+    total_steps: int | None = None,
     **kwargs: Any,
 ) -> Pruner:
     """A Pruner running ``method`` (a name in :data:`METHODS`, or a :class:`Method`).
@@ -719,9 +725,12 @@ def make_pruner(
     Args:
         model: the model to prune.
         method: ``"feather"`` (default), ``"hard"``, ``"soft"``, ``"nonste"``,
-            ``"gmp"``, ``"st3"``, ``"spartan"``, or a :class:`Method`.
-        sparsity: final target sparsity.
-        total_steps: number of ``pruner.step()`` calls in the whole training.
+            ``"gmp"``, ``"st3"``, ``"spartan"``, the N:M methods of
+            :mod:`feather_sparse.nm.methods` (``"feather-nm"``, ``"hard-nm"``,
+            ``"sr-ste"``, ``"s-ste"``, ``"oneshot-nm"``), or a :class:`Method`.
+        sparsity: final target sparsity (implied by ``pattern=`` for the N:M methods).
+        total_steps: number of ``pruner.step()`` calls in the whole training
+            (may be left out for an N:M pattern applied from the first step).
         **kwargs: any other :class:`~feather_sparse.pruner.Pruner` argument
             (``backbone``, ``schedule``, ``exclude``, ...), and options of the
             method's backbone (``keep_first_dense``, ``beta_target``, ``lam``, ...).

@@ -39,7 +39,7 @@ from feather_sparse.nm.operator import (
     nm_keep_mask,
     nm_threshold,
 )
-from feather_sparse.ops import Operator, ThresholdOperator
+from feather_sparse.ops import Operator, ThresholdOperator, compute_dtype
 from feather_sparse.schedules import ConstantSchedule, Schedule
 
 __all__ = ["DEFAULT_NM_SCHEDULE", "NMBackbone", "nm_pruner_settings"]
@@ -52,17 +52,50 @@ DEFAULT_NM_SCHEDULE: Schedule = ConstantSchedule()
 class NMBackbone(Backbone):
     """Per-group thresholds of an N:M pattern (see the module docstring).
 
+    Three options make the N:M baselines (:mod:`feather_sparse.nm.methods`)
+    settings of this one backbone:
+
+    - ``decay`` ``λ`` (SR-STE): the backward adds ``λ·(1 − mask)⊙w`` to the
+      weight's gradient;
+    - ``rescale`` (S-STE): the forward is multiplied by a per-tensor
+      ``β = ⟨w, S(w)⟩ / ⟨S(w), S(w)⟩`` with ``S`` the soft (p = 1) N:M
+      threshold, computed once, when the pattern is first applied, and fixed;
+    - ``freeze`` (one-shot): the N:M magnitude mask taken when the pattern is
+      first applied is kept for the rest of training; the forward is then
+      plain masking (``p`` unused).
+
     Args:
         pattern: ``"2:4"``, ``"1:4"``, ``"4:8"``, … or an
             :class:`~feather_sparse.nm.operator.NMPattern`.
+        decay: SR-STE's ``λ`` (0: off).
+        rescale: S-STE's fixed per-tensor ``β``.
+        freeze: fix the mask when the pattern is first reached.
+
+    Raises:
+        ValueError: for a bad pattern or ``decay < 0``.
     """
 
     name = "nm"
     supports_sharding = True
     thresholds_are_magnitudes = False
 
-    def __init__(self, pattern: str | NMPattern = "2:4") -> None:
+    def __init__(
+        self,
+        pattern: str | NMPattern = "2:4",
+        decay: float = 0.0,
+        rescale: bool = False,
+        freeze: bool = False,
+    ) -> None:
         self.pattern = NMPattern.parse(pattern)
+        if not decay >= 0.0:
+            raise ValueError(f"decay must be >= 0 (SR-STE uses 2e-4), got {decay}")
+        self.decay = float(decay)
+        self.rescale = bool(rescale)
+        self.freeze = bool(freeze)
+        # A frozen mask is kept per local shard, but the forward sees whole weights.
+        self.supports_sharding = not self.freeze
+        self._beta: list[Tensor] | None = None
+        self._masks: list[Tensor] | None = None
 
     def setup(self, targets: Sequence[PruneTarget]) -> None:
         for t in targets:
@@ -84,7 +117,28 @@ class NMBackbone(Backbone):
                 f"sparsity {sparsity:g} exceeds the {self.pattern} pattern's "
                 f"{self.pattern.sparsity:g}; an N:M pattern fixes the sparsity"
             )
+        if ramp >= 1.0:
+            if self.rescale and self._beta is None:
+                self._beta = self._rescale_factors(weights)
+            if self.freeze and self._masks is None:
+                self._masks = [nm_keep_mask(w, self.pattern)[0].reshape(w.shape) for w in weights]
         return [torch.tensor(min(ramp, 1.0), dtype=torch.float32, device=w.device) for w in weights]
+
+    @torch.no_grad()
+    def _rescale_factors(self, weights: Sequence[Tensor]) -> list[Tensor]:
+        """S-STE's ``β = ⟨w, S(w)⟩ / ⟨S(w), S(w)⟩`` per tensor (sums over all shards)."""
+        sums = []
+        for w in weights:
+            s = nm_threshold(w, self.pattern, p=1.0).to(compute_dtype(w.dtype))
+            sums.append(torch.stack([(w.to(s.dtype) * s).sum(), (s * s).sum()]).float())
+        both = torch.stack(sums)  # (tensors, 2)
+        if self.process_group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(both, group=self.process_group)
+        # An all-zero tensor has S = 0: β = 1 leaves it as it is.
+        beta = torch.where(both[:, 1] > 0, both[:, 0] / both[:, 1].clamp_min(1e-30), 1.0)
+        return [b.to(w.device) for b, w in zip(beta, weights)]
 
     def forward_weight(
         self, index: int, weight: Tensor, threshold: Tensor, operator: Operator, theta: float
@@ -94,10 +148,21 @@ class NMBackbone(Backbone):
                 f"N:M pruning applies the thresholding operators (feather, soft, hard), "
                 f"not {operator!r}"
             )
-        return nm_threshold(weight, self.pattern, threshold, operator.p, theta)
+        return nm_threshold(
+            weight,
+            self.pattern,
+            threshold,
+            operator.p,
+            theta,
+            decay=self.decay,
+            mask=None if self._masks is None else self._masks[index],
+            scale=None if self._beta is None else self._beta[index],
+        )
 
-    def keep_mask(self, weight: Tensor, threshold: Tensor) -> Tensor:
+    def keep_mask(self, weight: Tensor, threshold: Tensor, index: int = 0) -> Tensor:
         """Positions the forward keeps, shaped like ``weight`` (``N`` per group at ramp 1)."""
+        if self._masks is not None:
+            return self._masks[index]
         keep, t = nm_keep_mask(weight, self.pattern)
         if float(threshold) < 1.0:
             x = group_view(weight.detach(), self.pattern).abs().to(t.dtype)
@@ -105,7 +170,7 @@ class NMBackbone(Backbone):
         return keep.reshape(weight.shape)
 
     def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
-        return ~self.keep_mask(weight, threshold)
+        return ~self.keep_mask(weight, threshold, index)
 
     def report_threshold(self, index: int, weight: Tensor, threshold: Tensor) -> float:
         """The mean group threshold ``r·T_g`` of tensor ``index``."""
@@ -124,8 +189,30 @@ class NMBackbone(Backbone):
                 f"more than the {self.pattern} pattern allows: please report this bug"
             )
 
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "beta": None if self._beta is None else [b.clone() for b in self._beta],
+            "masks": None if self._masks is None else [m.clone() for m in self._masks],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        def on(saved: list[Tensor] | None) -> list[Tensor] | None:
+            if saved is None:
+                return None
+            return [s.to(t.weight.device) for s, t in zip(saved, self.targets)]
+
+        self._beta = on(state.get("beta"))
+        self._masks = on(state.get("masks"))
+
     def config(self) -> dict[str, Any]:
-        return {"name": self.name, "pattern": str(self.pattern)}
+        out: dict[str, Any] = {"name": self.name, "pattern": str(self.pattern)}
+        if self.decay:
+            out["decay"] = self.decay
+        if self.rescale:
+            out["rescale"] = True
+        if self.freeze:
+            out["freeze"] = True
+        return out
 
 
 BACKBONES.register("nm", NMBackbone)
@@ -150,14 +237,21 @@ def nm_pruner_settings(
             f"pattern={str(nm)!r} prunes {nm.sparsity:g} of the weights, but sparsity={sparsity} "
             "was given: leave sparsity out (the pattern implies it)"
         )
-    if not (backbone == "global" or isinstance(backbone, NMBackbone)):
+    if max_layer_sparsity is not None:
+        raise ValueError("max_layer_sparsity does not apply to an N:M pattern (leave it out)")
+    if backbone in ("global", "nm"):
+        backbone = NMBackbone(nm)
+    elif isinstance(backbone, dict) and backbone.get("name") == "nm":
+        options = {k: v for k, v in backbone.items() if k != "name"}
+        if NMPattern.parse(options.pop("pattern", nm)) != nm:
+            raise ValueError(f"backbone {backbone!r} has another pattern than pattern={str(nm)!r}")
+        backbone = NMBackbone(nm, **options)
+    elif not isinstance(backbone, NMBackbone):
         raise ValueError(
             f"pattern={str(nm)!r} brings its own per-group thresholds; backbone={backbone!r} "
             "cannot be combined with it (leave backbone out)"
         )
-    if max_layer_sparsity is not None:
-        raise ValueError("max_layer_sparsity does not apply to an N:M pattern (leave it out)")
-    if isinstance(backbone, NMBackbone) and backbone.pattern != nm:
+    if backbone.pattern != nm:
         raise ValueError(f"backbone pattern {backbone.pattern} differs from pattern={str(nm)!r}")
     if schedule is None:
         schedule = DEFAULT_NM_SCHEDULE
@@ -168,7 +262,7 @@ def nm_pruner_settings(
                 "(epochs × batches per epoch)"
             )
         total_steps = 1  # the full pattern at every step: the length does not matter
-    return nm.sparsity, NMBackbone(nm), schedule, total_steps
+    return nm.sparsity, backbone, schedule, total_steps
 
 
 def _from_first_step(schedule: Any) -> bool:

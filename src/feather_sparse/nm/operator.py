@@ -228,48 +228,84 @@ def nm_thresholds(weight: Tensor, pattern: NMPattern) -> Tensor:
     return nm_keep_mask(weight, pattern)[1].squeeze(1)
 
 
-def _nm_forward(w: Tensor, pattern: NMPattern, ramp: Tensor, p: float) -> tuple[Tensor, Tensor]:
-    """``(P_T(w), keep)`` with ``T = ramp · T_g``; ``keep`` as (G, m) floats 0/1."""
-    keep, t = nm_keep_mask(w, pattern)
-    dtype = t.dtype
+def _nm_forward(
+    w: Tensor,
+    pattern: NMPattern,
+    ramp: Tensor,
+    p: float,
+    mask: Tensor | None,
+    scale: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """``(scale · P_T(w), keep)`` with ``T = ramp · T_g``; ``keep`` as (G, m) floats 0/1.
+
+    With a fixed ``mask`` (bool, ``w``'s shape) the forward is ``w`` masked by it.
+    """
+    dtype = compute_dtype(w.dtype)
     x = group_view(w.detach(), pattern).to(dtype)
-    k = keep.to(dtype)
     out = torch.empty_like(x)
-    ramp = ramp.to(dtype)
-    # ramp = 1: the ranked mask is the whole story (|w| > T_g implies kept);
-    # ramp < 1 also keeps every weight above the lowered threshold.
-    t = t * ramp
-    torch.maximum(k, (x.abs() > t).to(dtype), out=k)
-    if math.isinf(p):  # hard: the mask itself, exactly n nonzeros (0 + w·k: +0.0 where pruned)
+    if mask is not None:  # a fixed mask: plain masking
+        k = mask.reshape(x.shape).to(dtype)
         torch.addcmul(_ZERO, x, k, out=out)
-    else:  # P_T is zero wherever |w| <= T, so the threshold alone does the pruning
-        _block(x, t, p, out, [b.view_as(x) for b in _scratch(x.numel(), dtype, w.device)])
+    else:
+        keep, t = nm_keep_mask(w, pattern)
+        k = keep.to(dtype)
+        # ramp = 1: the ranked mask is the whole story (|w| > T_g implies kept);
+        # ramp < 1 also keeps every weight above the lowered threshold.
+        t = t * ramp.to(dtype)
+        torch.maximum(k, (x.abs() > t).to(dtype), out=k)
+        if math.isinf(p):  # hard: the mask itself, exactly n nonzeros (0 + w·k: +0.0 where pruned)
+            torch.addcmul(_ZERO, x, k, out=out)
+        else:  # P_T is zero wherever |w| <= T, so the threshold alone does the pruning
+            _block(x, t, p, out, [b.view_as(x) for b in _scratch(x.numel(), dtype, w.device)])
+    if scale is not None:
+        out.mul_(scale.to(dtype))
     return out.to(w.dtype).reshape(w.shape), k
 
 
 class _NMThresholdSTE(torch.autograd.Function):
-    """N:M ``P_T`` forward; backward ``g`` on kept weights, ``θ·g`` on pruned ones."""
+    """N:M forward; backward ``g`` on kept weights, ``θ·g + λ·w`` on pruned ones.
+
+    ``λ`` is SR-STE's sparse-refined decay (0 for Feather); the forward's
+    ``scale`` (S-STE's β) does not enter the backward, a straight-through
+    estimator like the rest.
+    """
 
     @staticmethod
-    def forward(w: Tensor, ramp: Tensor, pattern: NMPattern, p: float, theta: float) -> Any:
-        return _nm_forward(w, pattern, ramp, p)
+    def forward(
+        w: Tensor,
+        ramp: Tensor,
+        pattern: NMPattern,
+        p: float,
+        theta: float,
+        decay: float,
+        mask: Tensor | None,
+        scale: Tensor | None,
+    ) -> Any:
+        return _nm_forward(w, pattern, ramp, p, mask, scale)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        ctx.theta = inputs[4]
+        w, theta, decay = inputs[0], inputs[4], inputs[5]
+        ctx.theta, ctx.decay = theta, decay
         ctx.mark_non_differentiable(output[1])
-        if ctx.theta != 1.0:
+        if decay != 0.0:
+            ctx.save_for_backward(output[1], w)
+        elif theta != 1.0:
             ctx.save_for_backward(output[1])
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor, _: Any) -> tuple[Tensor | None, None, None, None, None]:
-        theta = ctx.theta
-        if theta == 1.0:
-            return grad, None, None, None, None
-        (k,) = ctx.saved_tensors  # (G, m): 1 kept, 0 pruned
+    def backward(ctx: Any, grad: Tensor, _: Any) -> tuple[Tensor | None, ...]:
+        theta, decay = ctx.theta, ctx.decay
+        rest = (None,) * 7
+        if theta == 1.0 and decay == 0.0:
+            return grad, *rest
+        k = ctx.saved_tensors[0]  # (G, m): 1 kept, 0 pruned
         c = k.mul(1.0 - theta).add_(theta)  # exactly 1 kept, exactly θ pruned
         out = torch.mul(grad.reshape(k.shape), c)  # half gradients: in float32, rounded once
-        return out.to(grad.dtype).reshape(grad.shape), None, None, None, None
+        if decay != 0.0:  # SR-STE: + λ·(1 − mask)⊙w
+            w = ctx.saved_tensors[1].reshape(k.shape)
+            out.addcmul_(torch.sub(1.0, k), w, value=decay)
+        return out.to(grad.dtype).reshape(grad.shape), *rest
 
 
 def nm_threshold(
@@ -278,6 +314,10 @@ def nm_threshold(
     ramp: Tensor | float = 1.0,
     p: float = 3.0,
     theta: float = 1.0,
+    *,
+    decay: float = 0.0,
+    mask: Tensor | None = None,
+    scale: Tensor | None = None,
 ) -> Tensor:
     """Apply Feather's operator group by group in an N:M pattern (see the module docstring).
 
@@ -288,6 +328,11 @@ def nm_threshold(
             pattern); a 0-d tensor keeps compiled graphs free of recompiles.
         p: the operator's power: 1 soft (S-STE), 3 Feather, ``math.inf`` hard (SR-STE).
         theta: gradient scale of the pruned weights, in ``[0, 1]``.
+        decay: SR-STE's sparse-refined decay ``λ``: the backward adds
+            ``λ·(1 − mask)⊙w`` to the weight's gradient (0: off).
+        mask: a fixed bool mask of ``w``'s shape (one-shot pruning): the
+            forward is ``w`` masked by it, and ``ramp`` and ``p`` are unused.
+        scale: a 0-d factor multiplying the forward's output (S-STE's β).
 
     Returns:
         ``P_T(w)``, same shape, dtype and device as ``w``, with at most ``n``
@@ -309,5 +354,13 @@ def nm_threshold(
         raise ValueError(f"theta must be in [0, 1] (1 = plain STE, 0 = non-STE), got {theta}")
     if not isinstance(ramp, Tensor):
         ramp = torch.tensor(float(ramp), device=w.device)
-    out: Tensor = _NMThresholdSTE.apply(w, ramp.detach(), pattern, float(p), float(theta))[0]
+    if decay < 0:
+        raise ValueError(f"decay must be >= 0 (SR-STE uses 2e-4), got {decay}")
+    if mask is not None and mask.shape != w.shape:
+        raise ValueError(
+            f"mask shape {tuple(mask.shape)} differs from the weight's {tuple(w.shape)}"
+        )
+    out: Tensor = _NMThresholdSTE.apply(
+        w, ramp.detach(), pattern, float(p), float(theta), float(decay), mask, scale
+    )[0]
     return out
