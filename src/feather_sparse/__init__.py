@@ -33,7 +33,7 @@ from feather_sparse.export import (
     to_sparse_inference,
 )
 from feather_sparse.models import ModelInfo, create_model, list_models, model_info, register_model
-from feather_sparse.nm import NMBackbone, NMPattern
+from feather_sparse.nm import NMBackbone, NMPattern, decode_nm, encode_nm, to_semi_structured
 from feather_sparse.nm import methods as _nm_methods  # noqa: F401  (registers the N:M methods)
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, threshold
 from feather_sparse.pruner import DEFAULT_INCLUDE, LayerReport, Pruner, PrunerReport, auto_theta
@@ -78,6 +78,8 @@ __all__ = [
     "__version__",
     "auto_theta",
     "create_model",
+    "decode_nm",
+    "encode_nm",
     "export_onnx",
     "inspect_sparse",
     "kth_magnitude",
@@ -91,5 +93,6 @@ __all__ = [
     "sinkhorn_topk",
     "soft_topk_mask",
     "threshold",
+    "to_semi_structured",
     "to_sparse_inference",
 ]

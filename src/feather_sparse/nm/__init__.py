@@ -1,10 +1,13 @@
 """Feather for N:M structured sparsity (2:4, 4:8, …): re-exports of the subpackage.
 
 - :mod:`~feather_sparse.nm.operator`: the pattern, the group layout, the per-group operator;
-- :mod:`~feather_sparse.nm.backbone`: the Pruner's N:M backbone (``Pruner(pattern="2:4")``).
+- :mod:`~feather_sparse.nm.backbone`: the Pruner's N:M backbone (``Pruner(pattern="2:4")``);
+- :mod:`~feather_sparse.nm.export`: compact N:M encoding, semi-structured GPU tensors;
+- :mod:`~feather_sparse.nm.methods`: the N:M baselines (imported by the package root).
 """
 
 from feather_sparse.nm.backbone import DEFAULT_NM_SCHEDULE, NMBackbone, nm_pruner_settings
+from feather_sparse.nm.export import decode_nm, encode_nm, nm_encoded_bytes, to_semi_structured
 from feather_sparse.nm.operator import (
     NMPattern,
     check_layout,
@@ -20,10 +23,14 @@ __all__ = [
     "NMBackbone",
     "NMPattern",
     "check_layout",
+    "decode_nm",
+    "encode_nm",
     "group_view",
+    "nm_encoded_bytes",
     "nm_keep_mask",
     "nm_pruner_settings",
     "nm_threshold",
     "nm_thresholds",
     "reduction_size",
+    "to_semi_structured",
 ]
