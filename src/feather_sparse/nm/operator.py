@@ -22,12 +22,16 @@ position, a lower position in the group winning a tie; so every group keeps
 exactly ``N`` positions, deterministically, whatever the values (ties, zeros,
 ``+0`` and ``−0`` alike). The order is computed on integer keys — the bits of
 ``|w|`` (monotone for non-negative floats, and ``|−0| = +0``) times ``M`` plus
-``M − 1 − position`` — sorted by a small sorting network along the group,
-without Python loops over the weights. For finite ``p`` a kept weight whose
+``M − 1 − position`` — sorted by a small sorting network along the group
+(:func:`_kth_smallest`), without Python loops over the weights; ``T_g``
+itself comes from the same network on the magnitudes. For finite ``p`` a kept weight whose
 magnitude *equals* ``T_g`` maps to ``P_T(w) = 0`` (the operator is continuous
 at the threshold), so such a group holds fewer than ``N`` nonzeros; a group
 never holds more than ``N``. With ``p = inf`` exactly ``N`` nonzeros remain
-unless the group has fewer than ``N`` nonzero weights. float64 weights are
+unless the group has fewer than ``N`` nonzero weights. The backward of the
+finite-``p`` forward needs only ``T_g``: like the unstructured operator it
+scales the gradient of every ``|w| <= T_g`` by ``θ`` (a kept weight tied
+with ``T_g``, which the forward zeroes, included). float64 weights are
 ranked on their top bits (the lowest ``ceil(log2 M)`` bits of the mantissa
 are dropped to make room for the position), so magnitudes that close tie.
 
@@ -47,16 +51,18 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from feather_sparse.ops import _ZERO, _block, _scratch, compute_dtype
+from feather_sparse.ops import _ZERO, _block, _grad_block, _scratch, compute_dtype
 
 __all__ = [
     "NMPattern",
+    "group_thresholds",
     "group_view",
     "nm_keep_mask",
     "nm_threshold",
@@ -177,28 +183,32 @@ def _keys(a: Tensor, m: int) -> Tensor:
     return a.view(torch.int32).to(torch.int64).mul_(m).add_(rank)
 
 
-def _kth_smallest(keys: Tensor, k: int) -> Tensor:
-    """The ``k``-th smallest (0-based) of each row of ``keys`` ``(G, m)``, as ``(G,)``.
+def _kth_smallest(columns: Sequence[Tensor], k: int) -> Tensor:
+    """The ``k``-th smallest (0-based) across ``columns`` (``m`` tensors of shape ``(G,)``).
 
-    Odd-even transposition sort over the ``m`` columns: ``m`` rounds of
-    elementwise min/max on ``(m, G)`` rows, fast for the small ``m`` of N:M
-    patterns (``topk``/``kthvalue`` along a dimension of 4 run a loop per row).
+    An odd-even transposition sorting network over the group's ``m``
+    positions: ``m(m − 1)/2`` elementwise min/max pairs on ``(G,)`` vectors,
+    taken as strided views of the ``(G, m)`` weight (no transposed copy).
+    For the small ``m`` of N:M patterns this is several times faster than
+    ``kthvalue``/``topk`` along a dimension of 4, which loop per row.
     """
-    m = keys.shape[1]
-    s = keys.new_empty((m, keys.shape[0])).copy_(keys.t())  # (m, G); never a view of keys
-    tmp = torch.empty_like(s[: m // 2])
+    cols = list(columns)
+    m = len(cols)
     for r in range(m):
-        lo = r % 2
-        pairs = (m - lo) // 2
-        if pairs == 0:
-            continue
-        x = s[lo : lo + 2 * pairs].view(pairs, 2, -1)
-        low, high = x[:, 0], x[:, 1]
-        t = tmp[:pairs]
-        torch.minimum(low, high, out=t)
-        torch.maximum(low, high, out=high)
-        low.copy_(t)
-    return s[k]
+        for i in range(r % 2, m - 1, 2):
+            lo, hi = cols[i], cols[i + 1]
+            cols[i], cols[i + 1] = torch.minimum(lo, hi), torch.maximum(lo, hi)
+    return cols[k]
+
+
+def group_thresholds(weight: Tensor, pattern: NMPattern) -> Tensor:
+    """Each group's ``T_g``, the ``(m − n)``-th smallest magnitude, as ``(G, 1)``.
+
+    In the compute dtype (float32 for half weights). This is the largest
+    magnitude among the weights :func:`nm_keep_mask` prunes.
+    """
+    a = group_view(weight.detach(), pattern).to(compute_dtype(weight.dtype)).abs()
+    return _kth_smallest(a.unbind(1), pattern.m - pattern.n - 1).unsqueeze(1)
 
 
 def nm_keep_mask(weight: Tensor, pattern: NMPattern) -> tuple[Tensor, Tensor]:
@@ -217,15 +227,13 @@ def nm_keep_mask(weight: Tensor, pattern: NMPattern) -> tuple[Tensor, Tensor]:
     dtype = compute_dtype(weight.dtype)
     a = group_view(weight.detach(), pattern).to(dtype).abs()  # (G, m); |−0| = +0
     keys = _keys(a, pattern.m)
-    cut = _kth_smallest(keys, pattern.m - pattern.n - 1).unsqueeze(1)  # (G, 1)
-    keep = keys > cut
-    t = torch.where(keep, 0.0, a).amax(dim=1, keepdim=True)
-    return keep, t
+    cut = _kth_smallest(keys.unbind(1), pattern.m - pattern.n - 1).unsqueeze(1)  # (G, 1)
+    return keys > cut, _kth_smallest(a.unbind(1), pattern.m - pattern.n - 1).unsqueeze(1)
 
 
 def nm_thresholds(weight: Tensor, pattern: NMPattern) -> Tensor:
     """Each group's threshold ``T_g`` (the largest pruned magnitude), shape ``(G,)``."""
-    return nm_keep_mask(weight, pattern)[1].squeeze(1)
+    return group_thresholds(weight, pattern).squeeze(1)
 
 
 def _nm_forward(
@@ -236,30 +244,31 @@ def _nm_forward(
     mask: Tensor | None,
     scale: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
-    """``(scale · P_T(w), keep)`` with ``T = ramp · T_g``; ``keep`` as (G, m) floats 0/1.
+    """``(scale · P_T(w), aux)`` with ``T = ramp · T_g``.
 
-    With a fixed ``mask`` (bool, ``w``'s shape) the forward is ``w`` masked by it.
+    ``aux`` is what the backward needs: the kept positions as (G, m) floats
+    0/1 for the hard and fixed-mask forwards, else the (G, 1) thresholds
+    ``ramp · T_g`` (the backward then treats ``|w| <= T`` as pruned, as
+    :mod:`feather_sparse.ops` does).
     """
     dtype = compute_dtype(w.dtype)
     x = group_view(w.detach(), pattern).to(dtype)
     out = torch.empty_like(x)
     if mask is not None:  # a fixed mask: plain masking
-        k = mask.reshape(x.shape).to(dtype)
-        torch.addcmul(_ZERO, x, k, out=out)
-    else:
+        aux = mask.reshape(x.shape).to(dtype)
+        torch.addcmul(_ZERO, x, aux, out=out)
+    elif math.isinf(p):  # hard: exactly n kept, ties by position (0 + w·k: +0.0 where pruned)
         keep, t = nm_keep_mask(w, pattern)
-        k = keep.to(dtype)
-        # ramp = 1: the ranked mask is the whole story (|w| > T_g implies kept);
-        # ramp < 1 also keeps every weight above the lowered threshold.
-        t = t * ramp.to(dtype)
-        torch.maximum(k, (x.abs() > t).to(dtype), out=k)
-        if math.isinf(p):  # hard: the mask itself, exactly n nonzeros (0 + w·k: +0.0 where pruned)
-            torch.addcmul(_ZERO, x, k, out=out)
-        else:  # P_T is zero wherever |w| <= T, so the threshold alone does the pruning
-            _block(x, t, p, out, [b.view_as(x) for b in _scratch(x.numel(), dtype, w.device)])
+        aux = keep.to(dtype)
+        # ramp < 1 also keeps every weight above the lowered threshold
+        torch.maximum(aux, (x.abs() > t * ramp.to(dtype)).to(dtype), out=aux)
+        torch.addcmul(_ZERO, x, aux, out=out)
+    else:  # P_T is zero wherever |w| <= T: the thresholds alone do the pruning
+        aux = group_thresholds(w, pattern).mul_(ramp.to(dtype))
+        _block(x, aux, p, out, [b.view_as(x) for b in _scratch(x.numel(), dtype, w.device)])
     if scale is not None:
         out.mul_(scale.to(dtype))
-    return out.to(w.dtype).reshape(w.shape), k
+    return out.to(w.dtype).reshape(w.shape), aux
 
 
 class _NMThresholdSTE(torch.autograd.Function):
@@ -285,13 +294,11 @@ class _NMThresholdSTE(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        w, theta, decay = inputs[0], inputs[4], inputs[5]
-        ctx.theta, ctx.decay = theta, decay
+        w, pattern, theta, decay = inputs[0], inputs[2], inputs[4], inputs[5]
+        ctx.theta, ctx.decay, ctx.pattern = theta, decay, pattern
         ctx.mark_non_differentiable(output[1])
-        if decay != 0.0:
-            ctx.save_for_backward(output[1], w)
-        elif theta != 1.0:
-            ctx.save_for_backward(output[1])
+        if theta != 1.0 or decay != 0.0:
+            ctx.save_for_backward(w, output[1])
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor, _: Any) -> tuple[Tensor | None, ...]:
@@ -299,12 +306,21 @@ class _NMThresholdSTE(torch.autograd.Function):
         rest = (None,) * 7
         if theta == 1.0 and decay == 0.0:
             return grad, *rest
-        k = ctx.saved_tensors[0]  # (G, m): 1 kept, 0 pruned
-        c = k.mul(1.0 - theta).add_(theta)  # exactly 1 kept, exactly θ pruned
-        out = torch.mul(grad.reshape(k.shape), c)  # half gradients: in float32, rounded once
+        w, aux = ctx.saved_tensors
+        dtype = aux.dtype
+        x = group_view(w.detach(), ctx.pattern)
+        g = grad.reshape(x.shape)
+        out = torch.empty(x.shape, dtype=dtype, device=grad.device)
+        if aux.shape == x.shape:  # kept positions, 1/0
+            pruned = torch.sub(1.0, aux)
+            torch.mul(g, aux.mul(1.0 - theta).add_(theta), out=out)  # exactly 1 kept, θ pruned
+        else:  # thresholds: the factor of ops._grad_block, broadcast over each group
+            th = torch.tensor(theta, dtype=dtype)
+            _grad_block(x, g, aux, th, out, torch.empty_like(out))
+            if decay != 0.0:
+                pruned = (x.abs() <= aux).to(dtype)
         if decay != 0.0:  # SR-STE: + λ·(1 − mask)⊙w
-            w = ctx.saved_tensors[1].reshape(k.shape)
-            out.addcmul_(torch.sub(1.0, k), w, value=decay)
+            out.addcmul_(pruned, x.to(dtype), value=decay)
         return out.to(grad.dtype).reshape(grad.shape), *rest
 
 
