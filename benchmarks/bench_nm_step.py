@@ -53,9 +53,7 @@ def variants(name: str) -> dict[str, Callable[[], None]]:
     m = fresh()
     out["2:4 feather θ=1"] = make_step(m, fs.Pruner(m, pattern="2:4", exclude=exclude))
     m = fresh()
-    out["2:4 feather θ=0.5"] = make_step(
-        m, fs.Pruner(m, pattern="2:4", theta=0.5, exclude=exclude)
-    )
+    out["2:4 feather θ=0.5"] = make_step(m, fs.Pruner(m, pattern="2:4", theta=0.5, exclude=exclude))
     m = fresh()
     out["unstructured 50 %"] = make_step(
         m, fs.Pruner(m, sparsity=0.5, total_steps=1, schedule="constant", exclude=exclude)
