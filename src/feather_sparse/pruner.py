@@ -284,7 +284,8 @@ class Pruner:
         model: any ``nn.Module``; its prunable weights get a parametrization,
             nothing else changes (the modules, their forward, the parameters the
             optimizer holds).
-        sparsity: final target sparsity ``S`` in ``[0, 1)``, over all prunable weights.
+        sparsity: final target sparsity ``S`` in ``[0, 1)``, over all prunable weights
+            (implied by ``pattern``; required otherwise).
         total_steps: number of :meth:`step` calls in the whole training
             (``epochs × batches per epoch``); the schedule is laid out on it.
         operator: ``"feather"`` (p = 3, default), ``"soft"`` (p = 1),
