@@ -54,7 +54,7 @@ METHODS.register(
     Method(
         "feather-nm",
         "Feather for N:M: per-group threshold, P_T with p = 3, θ-scaled STE",
-        "Glentis Georgoulakis et al., BMVC 2023, carried to N:M groups (issue 14)",
+        "Glentis Georgoulakis et al., BMVC 2023, applied per N:M group",
         defaults={"pattern": _DEFAULT_PATTERN},
     ),
 )

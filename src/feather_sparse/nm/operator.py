@@ -6,7 +6,7 @@ convolution's ``in_channels/groups × k…`` (the weight reshaped to
 ``(out, -1)``) — the layout NVIDIA's sparse tensor cores accelerate for 2:4.
 
 Within each group the threshold is the largest magnitude among the ``M − N``
-weights to prune (Feather's operator carried to N:M; the issue-14 design)::
+weights to prune, and Feather's operator applies group by group::
 
     T_g = the (M − N)-th smallest |w| in group g
     forward:  P_T(w) = sign(w) · (|w|^p − T_g^p)^(1/p)  where w is kept, else 0
@@ -24,10 +24,10 @@ exactly ``N`` positions, deterministically, whatever the values (ties, zeros,
 ``|w|`` (monotone for non-negative floats, and ``|−0| = +0``) times ``M`` plus
 ``M − 1 − position`` — sorted by a small sorting network along the group
 (:func:`_kth_smallest`), without Python loops over the weights; ``T_g``
-itself comes from the same network on the magnitudes. For finite ``p`` a kept weight whose
-magnitude *equals* ``T_g`` maps to ``P_T(w) = 0`` (the operator is continuous
-at the threshold), so such a group holds fewer than ``N`` nonzeros; a group
-never holds more than ``N``. With ``p = inf`` exactly ``N`` nonzeros remain
+itself comes from the same network on the magnitudes. For finite ``p`` a
+kept weight whose magnitude *equals* ``T_g`` maps to ``P_T(w) = 0`` (the
+operator is continuous at the threshold), so such a group holds fewer than
+``N`` nonzeros; a group never holds more than ``N``. With ``p = inf`` exactly ``N`` nonzeros remain
 unless the group has fewer than ``N`` nonzero weights. The backward of the
 finite-``p`` forward needs only ``T_g``: like the unstructured operator it
 scales the gradient of every ``|w| <= T_g`` by ``θ`` (a kept weight tied
