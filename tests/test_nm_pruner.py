@@ -129,6 +129,15 @@ def test_finalize_counts_and_structure_golden() -> None:
     assert model[0].weight.tolist() == [[0.0, -4, 3, 0, 0.5, 0, 0, 8], [1, 1, 0, 0, 0, 0, 0, 0]]
 
 
+def test_finalize_below_the_pattern_is_refused_and_undoable() -> None:
+    model = small_model()
+    pruner = fs.Pruner(model, pattern="2:4")
+    with pytest.raises(ValueError, match=r"layer '0' would keep .* finalize\(\) without sparsity"):
+        pruner.finalize(sparsity=0.25)
+    assert hasattr(model[0], "parametrizations")  # nothing baked
+    assert pruner.finalize() == pytest.approx(0.5)
+
+
 def test_state_dict_resume_is_bit_exact() -> None:
     data = batches(8)
     # reference: 8 uninterrupted steps, dense warm-up then pattern

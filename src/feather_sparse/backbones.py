@@ -167,7 +167,11 @@ class Backbone:
         return float(threshold)
 
     def check_final(self, index: int, weight: Tensor) -> None:
-        """Verify tensor ``index`` after finalize (raise if wrong); by default nothing."""
+        """Check the weight tensor ``index`` is about to bake (raise if wrong); by default nothing.
+
+        Called by :meth:`~feather_sparse.pruner.Pruner.finalize` before anything
+        is baked, so that an error leaves the Pruner attached.
+        """
 
     def parameters(self) -> list[nn.Parameter]:
         """Trainable parameters of the backbone (give them to an optimizer); none by default."""

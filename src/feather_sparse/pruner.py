@@ -725,12 +725,13 @@ class Pruner:
         self._check_unshardable("finalize")
         target = self.sparsity if sparsity is None else float(sparsity)
         self.update(target)
+        if _overrides(self.backbone, "check_final"):  # what will be baked, while undoable
+            for i, t in enumerate(self.targets):
+                self.backbone.check_final(i, self._parametrization(t)(t.weight))
         for t in self.targets:
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=True)
         self._finished = True
         weights, group = self._local_weights()
-        for i, w in enumerate(weights):
-            self.backbone.check_final(i, w)
         counts = torch.stack([torch.count_nonzero(w == 0) for w in weights])
         if group is not None:
             import torch.distributed as dist

@@ -180,13 +180,19 @@ class NMBackbone(Backbone):
         return float(t.mean()) * float(threshold)
 
     def check_final(self, index: int, weight: Tensor) -> None:
-        """Raise unless every group of the baked ``weight`` holds at most ``n`` nonzeros."""
-        counts = (group_view(weight.detach(), self.pattern) != 0).sum(dim=1)
+        """Raise unless every group of ``weight`` holds at most ``n`` nonzeros.
+
+        Raises:
+            ValueError: when the pattern is not fully applied (a ``finalize``
+                at a sparsity below the pattern's).
+        """
+        with torch.no_grad():
+            counts = (group_view(weight.detach(), self.pattern) != 0).sum(dim=1)
         if counts.numel() and int(counts.max()) > self.pattern.n:
-            name = self.targets[index].name if hasattr(self, "targets") else str(index)
-            raise RuntimeError(
-                f"layer {name!r} holds {int(counts.max())} nonzeros in a group after finalize, "
-                f"more than the {self.pattern} pattern allows: please report this bug"
+            raise ValueError(
+                f"layer {self.targets[index].name!r} would keep {int(counts.max())} nonzeros in a "
+                f"group, more than the {self.pattern} pattern allows: finalize an N:M Pruner at "
+                "its pattern's sparsity (call finalize() without sparsity=)"
             )
 
     def state_dict(self) -> dict[str, Any]:
