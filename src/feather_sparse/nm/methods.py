@@ -18,15 +18,16 @@ References:
 
 - SR-STE: Zhou, Ma, Zhu, Liu, Zhang, Yuan, Sun & Li, "Learning N:M
   Fine-grained Structured Sparse Neural Networks From Scratch", ICLR 2021,
-  arXiv:2102.04010. The sparse-refined STE (their eq. 4) updates the dense
-  weights with ``g(W̃) + λ_W·(1 − E)⊙W``, ``E`` the N:M mask, ``λ_W = 2e-4``.
+  arXiv:2102.04010. The sparse-refined STE updates the dense weights with
+  the gradient ``g(W̃) + λ_W·(1 − E)⊙W``, ``E`` the N:M mask, ``λ_W = 2e-4``.
 - S-STE: Hu, Zhu & Chen, "S-STE: Continuous Pruning Function for Efficient
   2:4 Sparse Pre-training", NeurIPS 2024, arXiv:2409.09099. The forward is
   the 2:4 soft threshold ``S(w)_i = sign(w_i)·(|w_i| − t)`` for the two
   largest ``|w_i|`` of the group (``t`` the third largest), else 0, rescaled
   by the per-tensor ``β`` minimising ``‖w − β·S(w)‖²``, i.e.
   ``β = ⟨w, S(w)⟩ / ⟨S(w), S(w)⟩``, computed once at the start and then
-  fixed; the backward is the plain STE. (Their MVUE activation-gradient
+  fixed (the authors' released code does the same), and the backward is the
+  plain STE. (Their MVUE activation-gradient
   estimator and FP8 training are speed measures, not part of this method.)
 - One-shot magnitude N:M followed by fine-tuning with the mask fixed, the
   usual post-training baseline (e.g. Mishra et al., "Accelerating Sparse
@@ -43,7 +44,7 @@ from feather_sparse.baselines import METHODS, Method
 
 __all__ = ["SR_STE_DECAY"]
 
-#: SR-STE's sparse-refined decay λ_W (Zhou et al. 2021, §4).
+#: SR-STE's sparse-refined decay λ_W (Zhou et al. 2021).
 SR_STE_DECAY = 2e-4
 
 #: The pattern every N:M method uses unless ``pattern=`` is given.
