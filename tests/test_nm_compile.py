@@ -7,6 +7,7 @@ counter, as tests/test_compile.py does for the unstructured Pruner.
 from __future__ import annotations
 
 import math
+import shutil
 from typing import Any
 
 import pytest
@@ -76,3 +77,14 @@ def test_compiled_nm_training_matches_eager(p: float, theta: float, method: str 
     for a, b in zip(compiled["weights"], eager["weights"]):
         torch.testing.assert_close(a, b)
     assert compiled["achieved"] == eager["achieved"] == pytest.approx(0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("gcc") is None, reason="no C++")
+def test_inductor_nm_training_matches_eager() -> None:
+    eager = _train(None, 3.0, 0.5, None)
+    compiled = _train("inductor", 3.0, 0.5, None)
+    assert compiled["frames"] == 1
+    torch.testing.assert_close(compiled["losses"], eager["losses"])
+    for a, b in zip(compiled["weights"], eager["weights"]):
+        torch.testing.assert_close(a, b)
