@@ -16,9 +16,16 @@ name from :data:`METHODS` with :func:`make_pruner`::
 | `gmp` | uniform, hard mask, θ = 0, first conv dense (Zhu & Gupta 2017) |
 | `st3` | soft threshold, channel rescale, identity backward (Vanderschueren et al. 2023) |
 | `spartan` | Sinkhorn soft top-k, β and density schedules, frozen mask (Tai et al. 2022) |
+| `feather-nm` | Feather per N:M group, p = 3, θ automatic (``pattern="2:4"`` unless given) |
+| `hard-nm` | hard N:M mask, plain STE (θ = 1) |
+| `sr-ste` | hard N:M mask, STE, sparse-refined decay λ·(1 − mask)⊙w (Zhou et al. 2021) |
+| `s-ste` | soft N:M threshold, fixed per-tensor β, plain STE (Hu et al. 2024) |
+| `oneshot-nm` | dense to half-way, one-shot magnitude N:M, fixed-mask fine-tuning |
 
 The methods' operators and backbones are in :mod:`feather_sparse.baselines`
-(references there). A training config reaches a Pruner through
+and :mod:`feather_sparse.nm` (references and formulas in
+:mod:`feather_sparse.nm.methods`); all are registered here, so that importing
+this module alone gives every method. A training config reaches a Pruner through
 :func:`build_pruner` only: settings the config leaves unset (``None``) are the
 method's to decide, and a set value that contradicts the method is an error.
 """
@@ -34,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from feather_sparse.backbones import BACKBONES, Backbone
+from feather_sparse.nm.backbone import DEFAULT_PATTERN
+from feather_sparse.nm.methods import ONESHOT_START, SR_STE_DECAY
 from feather_sparse.ops import OPERATORS, Operator
 from feather_sparse.pruner import Pruner
 from feather_sparse.pruner_config import PrunerConfig
@@ -151,11 +160,11 @@ class Method:
             out["backbone"] = {**base, **options}
         return out
 
-    def config(self, sparsity: float, **kwargs: Any) -> PrunerConfig:
+    def config(self, sparsity: float | None, **kwargs: Any) -> PrunerConfig:
         """This method's :class:`~feather_sparse.pruner_config.PrunerConfig`.
 
         Args:
-            sparsity: final target sparsity.
+            sparsity: final target sparsity (``None`` when a ``pattern`` implies it).
             **kwargs: as for :meth:`pruner_kwargs`, limited to the config's
                 fields (not ``process_group``, which is no setting).
         """
@@ -165,7 +174,13 @@ class Method:
             raise ValueError(f"not PrunerConfig fields: {extra}; pass them to the Pruner instead")
         return PrunerConfig(sparsity, **settings)
 
-    def build(self, model: nn.Module, sparsity: float, total_steps: int, **kwargs: Any) -> Pruner:
+    def build(
+        self,
+        model: nn.Module,
+        sparsity: float | None = None,
+        total_steps: int | None = None,
+        **kwargs: Any,
+    ) -> Pruner:
         """A :class:`~feather_sparse.pruner.Pruner` for ``model`` running this method."""
         return Pruner(model, sparsity, total_steps, **self.pruner_kwargs(**kwargs))
 
@@ -249,14 +264,73 @@ METHODS.register(
         defaults={"schedule": LinearSchedule(start=0.0, end=0.2)},
     ),
 )
+# The N:M methods: settings of the one N:M backbone (feather_sparse.nm.backbone);
+# their formulas and references are in feather_sparse.nm.methods.
+METHODS.register(
+    "feather-nm",
+    Method(
+        "feather-nm",
+        "Feather for N:M: per-group threshold, P_T with p = 3, θ-scaled STE",
+        "Glentis Georgoulakis et al., BMVC 2023, applied per N:M group",
+        defaults={"pattern": DEFAULT_PATTERN},
+    ),
+)
+METHODS.register(
+    "hard-nm",
+    Method(
+        "hard-nm",
+        "hard N:M mask (p = inf) with the plain straight-through estimator (θ = 1)",
+        "Bengio, Léonard & Courville 2013 (STE) with the N:M mask of Zhou et al. 2021",
+        fixed={"operator": "hard", "theta": 1.0},
+        defaults={"pattern": DEFAULT_PATTERN},
+    ),
+)
+METHODS.register(
+    "sr-ste",
+    Method(
+        "sr-ste",
+        "SR-STE: hard N:M mask, STE, sparse-refined decay λ·(1 − mask)⊙w added to the gradient",
+        "Zhou et al., ICLR 2021, arXiv:2102.04010",
+        fixed={"operator": "hard", "theta": 1.0, "backbone": "nm"},
+        defaults={
+            "pattern": DEFAULT_PATTERN,
+            "backbone": {"name": "nm", "decay": SR_STE_DECAY},
+        },
+    ),
+)
+METHODS.register(
+    "s-ste",
+    Method(
+        "s-ste",
+        "S-STE: per-group soft threshold (p = 1), fixed per-tensor rescaling β, plain STE",
+        "Hu, Zhu & Chen, NeurIPS 2024, arXiv:2409.09099",
+        fixed={"operator": "soft", "theta": 1.0, "backbone": "nm"},
+        defaults={"pattern": DEFAULT_PATTERN, "backbone": {"name": "nm", "rescale": True}},
+    ),
+)
+METHODS.register(
+    "oneshot-nm",
+    Method(
+        "oneshot-nm",
+        "one-shot magnitude N:M at schedule.start (default half-way), then fine-tuning with "
+        "the mask fixed",
+        "Mishra et al. 2021, arXiv:2104.08378 (ASP: prune once, fine-tune with a fixed mask)",
+        fixed={"operator": "hard", "theta": 0.0, "backbone": "nm"},
+        defaults={
+            "pattern": DEFAULT_PATTERN,
+            "backbone": {"name": "nm", "freeze": True},
+            "schedule": {"name": "constant", "start": ONESHOT_START},
+        },
+    ),
+)
 
 
 def make_pruner(
     model: nn.Module,
     method: str | Method = "feather",
     *,
-    sparsity: float,
-    total_steps: int,
+    sparsity: float | None = None,
+    total_steps: int | None = None,
     **kwargs: Any,
 ) -> Pruner:
     """A Pruner running ``method`` (a name in :data:`METHODS`, or a :class:`Method`).
@@ -264,9 +338,12 @@ def make_pruner(
     Args:
         model: the model to prune.
         method: ``"feather"`` (default), ``"feather-gmp"``, ``"hard"``, ``"soft"``,
-            ``"nonste"``, ``"gmp"``, ``"st3"``, ``"spartan"``, or a :class:`Method`.
-        sparsity: final target sparsity.
-        total_steps: number of ``pruner.step()`` calls in the whole training.
+            ``"nonste"``, ``"gmp"``, ``"st3"``, ``"spartan"``, the N:M methods
+            ``"feather-nm"``, ``"hard-nm"``, ``"sr-ste"``, ``"s-ste"``,
+            ``"oneshot-nm"``, or a :class:`Method`.
+        sparsity: final target sparsity (implied by ``pattern=`` for N:M).
+        total_steps: number of ``pruner.step()`` calls in the whole training
+            (may be left out for an N:M pattern applied from the first step).
         **kwargs: any other :class:`~feather_sparse.pruner.Pruner` argument
             (``backbone``, ``schedule``, ``exclude``, ...; ``None`` leaves it to
             the method), and options of the method's backbone
