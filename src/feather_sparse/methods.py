@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,14 +44,17 @@ from torch import nn
 from feather_sparse.backbones import BACKBONES, Backbone
 from feather_sparse.nm.backbone import DEFAULT_PATTERN
 from feather_sparse.nm.methods import ONESHOT_START, SR_STE_DECAY
+from feather_sparse.nm.operator import NMPattern, check_layout
 from feather_sparse.ops import OPERATORS, Operator
-from feather_sparse.pruner import Pruner
+from feather_sparse.pruner import Pruner, _find_targets
 from feather_sparse.pruner_config import PrunerConfig
 from feather_sparse.registry import Registry
 from feather_sparse.schedules import LinearSchedule
 
 if TYPE_CHECKING:
     from feather_sparse.recipes import TrainConfig
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "METHODS",
@@ -385,7 +389,15 @@ def check_method(config: TrainConfig) -> None:
         ValueError: naming the field and the choices.
     """
     if not config.dense:
-        _method(config)
+        _check_pattern(_method(config), config)
+
+
+def _check_pattern(method: Method, config: TrainConfig) -> None:
+    if config.pattern is None and "pattern" in method.defaults:
+        raise ValueError(
+            f"method {method.name!r} trains an N:M pattern: set pattern "
+            f"(--pattern {method.defaults['pattern']}, or 4:8, 1:4)"
+        )
 
 
 def _schedule_unset(config: TrainConfig) -> bool:
@@ -403,22 +415,27 @@ def pruner_config(config: TrainConfig) -> PrunerConfig:
     decide, and one set to a value the method fixes otherwise is an error
     (``method=gmp, operator=soft``; ``method=hard, operator=feather``), while
     the same value is fine. The schedule fields are passed on unless they
-    all hold their defaults and the method has its own schedule (Spartan's).
+    all hold their defaults and the method has its own schedule (Spartan's,
+    one-shot N:M's) or ``pattern`` is set (then the N:M default: the full
+    pattern from the first step). With ``pattern``, the sparsity is the
+    pattern's; an N:M method without ``pattern`` is an error.
 
     Raises:
         ValueError: for an unknown method (naming the field and the choices),
             a field that contradicts the method, or a value outside its rule.
     """
     method = _method(config)
+    _check_pattern(method, config)
     schedule: dict[str, Any] | None = {
         "name": config.schedule,
         "start": config.schedule_start,
         "end": config.schedule_end,
     }
-    if "schedule" in method.defaults and _schedule_unset(config):
-        schedule = None  # the method's own schedule
+    own = "schedule" in method.defaults or config.pattern is not None
+    if own and _schedule_unset(config):
+        schedule = None  # the method's own schedule (N:M: the full pattern from the first step)
     return method.config(
-        config.sparsity,
+        None if config.pattern is not None else config.sparsity,  # a pattern implies it
         operator=config.operator,
         p=config.p,
         theta=config.theta,
@@ -428,6 +445,7 @@ def pruner_config(config: TrainConfig) -> PrunerConfig:
         update_every=config.update_every,
         exclude=config.exclude,
         max_layer_sparsity=config.max_layer_sparsity,
+        pattern=config.pattern,
     )
 
 
@@ -436,7 +454,9 @@ def build_pruner(config: TrainConfig, model: nn.Module, total_steps: int) -> Pru
 
     The one place that turns a ``TrainConfig`` into a Pruner: the settings
     come from :func:`pruner_config` (which says how a method's own settings
-    and the config's combine).
+    and the config's combine). With an N:M ``pattern``, layers that cannot
+    hold it (a reduction dimension not a multiple of M) are added to
+    ``exclude`` and stay dense, with a warning naming them.
 
     Args:
         config: the run's ``TrainConfig``.
@@ -449,4 +469,35 @@ def build_pruner(config: TrainConfig, model: nn.Module, total_steps: int) -> Pru
     """
     if config.dense:
         return None
-    return Pruner.from_config(model, pruner_config(config), total_steps)
+    settings = pruner_config(config)
+    if settings.pattern is not None:
+        settings = _leave_misfits_dense(model, settings)
+    return Pruner.from_config(model, settings, total_steps)
+
+
+def _leave_misfits_dense(model: nn.Module, settings: PrunerConfig) -> PrunerConfig:
+    """``settings`` with the layers that cannot hold its N:M pattern added to ``exclude``.
+
+    A training run asks for a pattern over a whole model, whose first layer
+    (1 input channel, kernel 5 in the bundled CNN) often has a reduction
+    dimension that is not a multiple of M: such layers stay dense, named in a
+    warning and in the Pruner's recorded ``exclude``. (The library's Pruner,
+    asked directly, raises instead, so nothing is skipped silently there.)
+    """
+    pattern = NMPattern.parse(settings.pattern or "")
+    misfits = []
+    for t in _find_targets(model, settings.include, settings.exclude, settings.min_params):
+        try:
+            check_layout(t.name, t.module, t.weight, pattern)
+        except ValueError:
+            misfits.append(t.name)
+    if not misfits:
+        return settings
+    logger.warning(
+        "pattern %s: layer(s) %s cannot be split into groups of %d along the reduction "
+        "dimension; they stay dense",
+        pattern,
+        ", ".join(misfits),
+        pattern.m,
+    )
+    return dataclasses.replace(settings, exclude=(*settings.exclude, *misfits))

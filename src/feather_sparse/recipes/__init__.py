@@ -45,6 +45,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Union
 
+from feather_sparse.nm.operator import NMPattern
 from feather_sparse.pruner_config import REGISTRIES
 from feather_sparse.rules import check_p, check_sparsity, check_theta
 
@@ -137,6 +138,11 @@ class TrainConfig:
         "feather", "sparsification method: feather, hard, soft, nonste, gmp, st3, spartan"
     )
     sparsity: float = _f(0.9, "final target sparsity over all prunable weights")
+    pattern: str | None = _f(
+        None,
+        "N:M pattern (2:4, 4:8, 1:4): keep N of every M weights along each layer's reduction "
+        "dimension; sets sparsity to (M-N)/M (unset: unstructured)",
+    )
     # Unset (None): the method decides (Feather: operator feather with p = 3,
     # theta auto, backbone global); a set value the method fixes otherwise is
     # an error (feather_sparse.methods.pruner_config).
@@ -205,6 +211,12 @@ class TrainConfig:
             raise ValueError(f"device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
         # The pruning parameters follow the library's one rule each (feather_sparse.rules).
         check_sparsity(self.sparsity)
+        if self.pattern is not None:
+            # The pattern fixes the sparsity: a recipe's unstructured target gives way to it
+            # (load_config refuses a conflicting sparsity given together with the pattern).
+            nm = NMPattern.parse(self.pattern)
+            object.__setattr__(self, "pattern", str(nm))
+            object.__setattr__(self, "sparsity", nm.sparsity)
         if self.theta is not None:
             check_theta(self.theta, allow_auto=True)
         if self.p is not None:
@@ -449,6 +461,22 @@ def parse_override(text: str) -> tuple[str, str]:
     return key, value.strip()
 
 
+def _check_pattern_sparsity(values: Mapping[str, Any]) -> None:
+    """Raise if ``values`` give both an N:M pattern and a sparsity it does not imply."""
+    pattern, sparsity = values.get("pattern"), values.get("sparsity")
+    if pattern is None or sparsity is None:
+        return
+    if isinstance(pattern, str) and pattern.strip().lower() in _NONE:
+        return
+    nm = NMPattern.parse(pattern)
+    given = _coerce("sparsity", float, sparsity)
+    if not math.isclose(given, nm.sparsity, abs_tol=1e-12):
+        raise ValueError(
+            f"pattern {nm} prunes {nm.sparsity:g} of the weights, but sparsity {given:g} was "
+            "given with it: leave sparsity out (the pattern implies it)"
+        )
+
+
 # -------------------------------------------------------------------- recipes
 def _bundled() -> dict[str, Path]:
     folder = resources.files(__name__)
@@ -528,5 +556,6 @@ def load_config(
     values = load_recipe(recipe)
     extra = {**(overrides or {}), **kwargs}
     _check_keys(extra)
+    _check_pattern_sparsity(extra)
     values.update(extra)
     return TrainConfig.from_dict(values)
