@@ -19,6 +19,8 @@ from feather_sparse.baselines import SpartanBackbone, st3_rescale
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 METHOD_NAMES = ["feather", "feather-gmp", "gmp", "hard", "nonste", "soft", "spartan", "st3"]
+#: The N:M methods (registered in feather_sparse.methods; tested in test_nm_methods.py).
+NM_METHOD_NAMES = ["feather-nm", "hard-nm", "oneshot-nm", "s-ste", "sr-ste"]
 
 # Every method, and Feather on every backbone.
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -75,11 +77,13 @@ def train(model: nn.Module, pruner: fs.Pruner, opt: torch.optim.Optimizer, steps
 
 # ---------------------------------------------------------------- registry
 def test_method_registry_and_errors() -> None:
-    assert fs.METHODS.names() == METHOD_NAMES
-    for name in METHOD_NAMES:
+    assert fs.METHODS.names() == sorted(METHOD_NAMES + NM_METHOD_NAMES)
+    for name in METHOD_NAMES + NM_METHOD_NAMES:
         method = fs.METHODS.get(name)
         assert method.reference and method.summary
-    with pytest.raises(ValueError, match="unknown method 'rigl'; choose one of: feather, feather-"):
+    with pytest.raises(
+        ValueError, match="unknown method 'rigl'; choose one of: feather, feather-gmp, feather-nm"
+    ):
         fs.make_pruner(SmallCNN(), "rigl", sparsity=0.5, total_steps=10)
     with pytest.raises(ValueError, match=r"method 'gmp' fixes operator='hard'"):
         fs.make_pruner(SmallCNN(), "gmp", sparsity=0.5, total_steps=10, operator="feather")

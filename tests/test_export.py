@@ -19,6 +19,7 @@ from torch import nn
 from _guards import guard
 from feather_sparse import Pruner, __version__, cli, export
 from feather_sparse.export import (
+    BASE_FORMAT_VERSION,
     FORMAT_VERSION,
     PATTERN_CODECS,
     SparseLinear,
@@ -160,7 +161,7 @@ def test_metadata_round_trip(sparse_net: MixedNet, tmp_path: Path) -> None:
     path = tmp_path / "net.fsp"
     save_sparse(sparse_net, path, metadata={"epoch": 3, "note": "hi"})
     info = inspect_sparse(path)
-    assert info.format_version == FORMAT_VERSION
+    assert info.format_version == BASE_FORMAT_VERSION  # no N:M record: the version-1 layout
     assert info.library_version == __version__
     assert info.model_spec == {"name": "mixed", "kwargs": {"width": 2}}
     assert info.metadata == {"epoch": 3, "note": "hi"}

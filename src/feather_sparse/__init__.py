@@ -26,6 +26,7 @@ from feather_sparse.export import (
 )
 from feather_sparse.methods import METHODS, Method, make_pruner
 from feather_sparse.models import ModelInfo, create_model, list_models, model_info, register_model
+from feather_sparse.nm import NMBackbone, NMPattern, decode_nm, encode_nm, to_semi_structured
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator, threshold
 from feather_sparse.pruner import DEFAULT_INCLUDE, LayerReport, Pruner, PrunerReport, auto_theta
 from feather_sparse.registry import Registry
@@ -55,6 +56,8 @@ __all__ = [
     "LinearSchedule",
     "Method",
     "ModelInfo",
+    "NMBackbone",
+    "NMPattern",
     "Operator",
     "Pruner",
     "PrunerReport",
@@ -67,6 +70,8 @@ __all__ = [
     "__version__",
     "auto_theta",
     "create_model",
+    "decode_nm",
+    "encode_nm",
     "export_onnx",
     "inspect_sparse",
     "kth_magnitude",
@@ -80,5 +85,6 @@ __all__ = [
     "sinkhorn_topk",
     "soft_topk_mask",
     "threshold",
+    "to_semi_structured",
     "to_sparse_inference",
 ]

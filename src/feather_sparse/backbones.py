@@ -113,6 +113,9 @@ class Backbone:
     supports_sharding = False
     #: Whether :meth:`abs_max` reports what :meth:`thresholds` measured.
     measures_abs_max = False
+    #: Whether the 0-d thresholds are magnitudes (compared with ``max |w|`` to
+    #: detect layer collapse); the N:M backbone's are ramp factors instead.
+    thresholds_are_magnitudes = True
     #: The group the weights given to :meth:`thresholds` are sharded over (None: not sharded).
     process_group: ProcessGroup | None = None
 
@@ -161,6 +164,17 @@ class Backbone:
     def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
         """Which entries of tensor ``index`` the forward zeroes; default ``|w| <= T``."""
         return weight.abs() <= threshold
+
+    def report_threshold(self, index: int, weight: Tensor, threshold: Tensor) -> float:
+        """The threshold shown for tensor ``index`` in the Pruner's report; default ``T``."""
+        return float(threshold)
+
+    def check_final(self, index: int, weight: Tensor) -> None:
+        """Check the weight tensor ``index`` is about to bake (raise if wrong); by default nothing.
+
+        Called by :meth:`~feather_sparse.pruner.Pruner.finalize` before anything
+        is baked, so that an error leaves the Pruner attached.
+        """
 
     def parameters(self) -> list[nn.Parameter]:
         """Trainable parameters of the backbone (give them to an optimizer); none by default."""

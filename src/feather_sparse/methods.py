@@ -16,9 +16,16 @@ name from :data:`METHODS` with :func:`make_pruner`::
 | `gmp` | uniform, hard mask, θ = 0, first conv dense (Zhu & Gupta 2017) |
 | `st3` | soft threshold, channel rescale, identity backward (Vanderschueren et al. 2023) |
 | `spartan` | Sinkhorn soft top-k, β and density schedules, frozen mask (Tai et al. 2022) |
+| `feather-nm` | Feather per N:M group, p = 3, θ automatic (``pattern="2:4"`` unless given) |
+| `hard-nm` | hard N:M mask, plain STE (θ = 1) |
+| `sr-ste` | hard N:M mask, STE, sparse-refined decay λ·(1 − mask)⊙w (Zhou et al. 2021) |
+| `s-ste` | soft N:M threshold, fixed per-tensor β, plain STE (Hu et al. 2024) |
+| `oneshot-nm` | dense to half-way, one-shot magnitude N:M, fixed-mask fine-tuning |
 
 The methods' operators and backbones are in :mod:`feather_sparse.baselines`
-(references there). A training config reaches a Pruner through
+and :mod:`feather_sparse.nm` (references and formulas in
+:mod:`feather_sparse.nm.methods`); all are registered here, so that importing
+this module alone gives every method. A training config reaches a Pruner through
 :func:`build_pruner` only: settings the config leaves unset (``None``) are the
 method's to decide, and a set value that contradicts the method is an error.
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,14 +42,19 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from feather_sparse.backbones import BACKBONES, Backbone
+from feather_sparse.nm.backbone import DEFAULT_PATTERN
+from feather_sparse.nm.methods import ONESHOT_START, SR_STE_DECAY
+from feather_sparse.nm.operator import NMPattern, check_layout
 from feather_sparse.ops import OPERATORS, Operator
-from feather_sparse.pruner import Pruner
+from feather_sparse.pruner import Pruner, _find_targets
 from feather_sparse.pruner_config import PrunerConfig
 from feather_sparse.registry import Registry
 from feather_sparse.schedules import LinearSchedule
 
 if TYPE_CHECKING:
     from feather_sparse.recipes import TrainConfig
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "METHODS",
@@ -151,11 +164,11 @@ class Method:
             out["backbone"] = {**base, **options}
         return out
 
-    def config(self, sparsity: float, **kwargs: Any) -> PrunerConfig:
+    def config(self, sparsity: float | None, **kwargs: Any) -> PrunerConfig:
         """This method's :class:`~feather_sparse.pruner_config.PrunerConfig`.
 
         Args:
-            sparsity: final target sparsity.
+            sparsity: final target sparsity (``None`` when a ``pattern`` implies it).
             **kwargs: as for :meth:`pruner_kwargs`, limited to the config's
                 fields (not ``process_group``, which is no setting).
         """
@@ -165,7 +178,13 @@ class Method:
             raise ValueError(f"not PrunerConfig fields: {extra}; pass them to the Pruner instead")
         return PrunerConfig(sparsity, **settings)
 
-    def build(self, model: nn.Module, sparsity: float, total_steps: int, **kwargs: Any) -> Pruner:
+    def build(
+        self,
+        model: nn.Module,
+        sparsity: float | None = None,
+        total_steps: int | None = None,
+        **kwargs: Any,
+    ) -> Pruner:
         """A :class:`~feather_sparse.pruner.Pruner` for ``model`` running this method."""
         return Pruner(model, sparsity, total_steps, **self.pruner_kwargs(**kwargs))
 
@@ -249,14 +268,73 @@ METHODS.register(
         defaults={"schedule": LinearSchedule(start=0.0, end=0.2)},
     ),
 )
+# The N:M methods: settings of the one N:M backbone (feather_sparse.nm.backbone);
+# their formulas and references are in feather_sparse.nm.methods.
+METHODS.register(
+    "feather-nm",
+    Method(
+        "feather-nm",
+        "Feather for N:M: per-group threshold, P_T with p = 3, θ-scaled STE",
+        "Glentis Georgoulakis et al., BMVC 2023, applied per N:M group",
+        defaults={"pattern": DEFAULT_PATTERN},
+    ),
+)
+METHODS.register(
+    "hard-nm",
+    Method(
+        "hard-nm",
+        "hard N:M mask (p = inf) with the plain straight-through estimator (θ = 1)",
+        "Bengio, Léonard & Courville 2013 (STE) with the N:M mask of Zhou et al. 2021",
+        fixed={"operator": "hard", "theta": 1.0},
+        defaults={"pattern": DEFAULT_PATTERN},
+    ),
+)
+METHODS.register(
+    "sr-ste",
+    Method(
+        "sr-ste",
+        "SR-STE: hard N:M mask, STE, sparse-refined decay λ·(1 − mask)⊙w added to the gradient",
+        "Zhou et al., ICLR 2021, arXiv:2102.04010",
+        fixed={"operator": "hard", "theta": 1.0, "backbone": "nm"},
+        defaults={
+            "pattern": DEFAULT_PATTERN,
+            "backbone": {"name": "nm", "decay": SR_STE_DECAY},
+        },
+    ),
+)
+METHODS.register(
+    "s-ste",
+    Method(
+        "s-ste",
+        "S-STE: per-group soft threshold (p = 1), fixed per-tensor rescaling β, plain STE",
+        "Hu, Zhu & Chen, NeurIPS 2024, arXiv:2409.09099",
+        fixed={"operator": "soft", "theta": 1.0, "backbone": "nm"},
+        defaults={"pattern": DEFAULT_PATTERN, "backbone": {"name": "nm", "rescale": True}},
+    ),
+)
+METHODS.register(
+    "oneshot-nm",
+    Method(
+        "oneshot-nm",
+        "one-shot magnitude N:M at schedule.start (default half-way), then fine-tuning with "
+        "the mask fixed",
+        "Mishra et al. 2021, arXiv:2104.08378 (ASP: prune once, fine-tune with a fixed mask)",
+        fixed={"operator": "hard", "theta": 0.0, "backbone": "nm"},
+        defaults={
+            "pattern": DEFAULT_PATTERN,
+            "backbone": {"name": "nm", "freeze": True},
+            "schedule": {"name": "constant", "start": ONESHOT_START},
+        },
+    ),
+)
 
 
 def make_pruner(
     model: nn.Module,
     method: str | Method = "feather",
     *,
-    sparsity: float,
-    total_steps: int,
+    sparsity: float | None = None,
+    total_steps: int | None = None,
     **kwargs: Any,
 ) -> Pruner:
     """A Pruner running ``method`` (a name in :data:`METHODS`, or a :class:`Method`).
@@ -264,9 +342,12 @@ def make_pruner(
     Args:
         model: the model to prune.
         method: ``"feather"`` (default), ``"feather-gmp"``, ``"hard"``, ``"soft"``,
-            ``"nonste"``, ``"gmp"``, ``"st3"``, ``"spartan"``, or a :class:`Method`.
-        sparsity: final target sparsity.
-        total_steps: number of ``pruner.step()`` calls in the whole training.
+            ``"nonste"``, ``"gmp"``, ``"st3"``, ``"spartan"``, the N:M methods
+            ``"feather-nm"``, ``"hard-nm"``, ``"sr-ste"``, ``"s-ste"``,
+            ``"oneshot-nm"``, or a :class:`Method`.
+        sparsity: final target sparsity (implied by ``pattern=`` for N:M).
+        total_steps: number of ``pruner.step()`` calls in the whole training
+            (may be left out for an N:M pattern applied from the first step).
         **kwargs: any other :class:`~feather_sparse.pruner.Pruner` argument
             (``backbone``, ``schedule``, ``exclude``, ...; ``None`` leaves it to
             the method), and options of the method's backbone
@@ -308,7 +389,15 @@ def check_method(config: TrainConfig) -> None:
         ValueError: naming the field and the choices.
     """
     if not config.dense:
-        _method(config)
+        _check_pattern(_method(config), config)
+
+
+def _check_pattern(method: Method, config: TrainConfig) -> None:
+    if config.pattern is None and "pattern" in method.defaults:
+        raise ValueError(
+            f"method {method.name!r} trains an N:M pattern: set pattern "
+            f"(--pattern {method.defaults['pattern']}, or 4:8, 1:4)"
+        )
 
 
 def _schedule_unset(config: TrainConfig) -> bool:
@@ -326,22 +415,27 @@ def pruner_config(config: TrainConfig) -> PrunerConfig:
     decide, and one set to a value the method fixes otherwise is an error
     (``method=gmp, operator=soft``; ``method=hard, operator=feather``), while
     the same value is fine. The schedule fields are passed on unless they
-    all hold their defaults and the method has its own schedule (Spartan's).
+    all hold their defaults and the method has its own schedule (Spartan's,
+    one-shot N:M's) or ``pattern`` is set (then the N:M default: the full
+    pattern from the first step). With ``pattern``, the sparsity is the
+    pattern's; an N:M method without ``pattern`` is an error.
 
     Raises:
         ValueError: for an unknown method (naming the field and the choices),
             a field that contradicts the method, or a value outside its rule.
     """
     method = _method(config)
+    _check_pattern(method, config)
     schedule: dict[str, Any] | None = {
         "name": config.schedule,
         "start": config.schedule_start,
         "end": config.schedule_end,
     }
-    if "schedule" in method.defaults and _schedule_unset(config):
-        schedule = None  # the method's own schedule
+    own = "schedule" in method.defaults or config.pattern is not None
+    if own and _schedule_unset(config):
+        schedule = None  # the method's own schedule (N:M: the full pattern from the first step)
     return method.config(
-        config.sparsity,
+        None if config.pattern is not None else config.sparsity,  # a pattern implies it
         operator=config.operator,
         p=config.p,
         theta=config.theta,
@@ -351,6 +445,7 @@ def pruner_config(config: TrainConfig) -> PrunerConfig:
         update_every=config.update_every,
         exclude=config.exclude,
         max_layer_sparsity=config.max_layer_sparsity,
+        pattern=config.pattern,
     )
 
 
@@ -359,7 +454,9 @@ def build_pruner(config: TrainConfig, model: nn.Module, total_steps: int) -> Pru
 
     The one place that turns a ``TrainConfig`` into a Pruner: the settings
     come from :func:`pruner_config` (which says how a method's own settings
-    and the config's combine).
+    and the config's combine). With an N:M ``pattern``, layers that cannot
+    hold it (a reduction dimension not a multiple of M) are added to
+    ``exclude`` and stay dense, with a warning naming them.
 
     Args:
         config: the run's ``TrainConfig``.
@@ -372,4 +469,35 @@ def build_pruner(config: TrainConfig, model: nn.Module, total_steps: int) -> Pru
     """
     if config.dense:
         return None
-    return Pruner.from_config(model, pruner_config(config), total_steps)
+    settings = pruner_config(config)
+    if settings.pattern is not None:
+        settings = _leave_misfits_dense(model, settings)
+    return Pruner.from_config(model, settings, total_steps)
+
+
+def _leave_misfits_dense(model: nn.Module, settings: PrunerConfig) -> PrunerConfig:
+    """``settings`` with the layers that cannot hold its N:M pattern added to ``exclude``.
+
+    A training run asks for a pattern over a whole model, whose first layer
+    (1 input channel, kernel 5 in the bundled CNN) often has a reduction
+    dimension that is not a multiple of M: such layers stay dense, named in a
+    warning and in the Pruner's recorded ``exclude``. (The library's Pruner,
+    asked directly, raises instead, so nothing is skipped silently there.)
+    """
+    pattern = NMPattern.parse(settings.pattern or "")
+    misfits = []
+    for t in _find_targets(model, settings.include, settings.exclude, settings.min_params):
+        try:
+            check_layout(t.name, t.module, t.weight, pattern)
+        except ValueError:
+            misfits.append(t.name)
+    if not misfits:
+        return settings
+    logger.warning(
+        "pattern %s: layer(s) %s cannot be split into groups of %d along the reduction "
+        "dimension; they stay dense",
+        pattern,
+        ", ".join(misfits),
+        pattern.m,
+    )
+    return dataclasses.replace(settings, exclude=(*settings.exclude, *misfits))

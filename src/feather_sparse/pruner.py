@@ -44,6 +44,7 @@ from feather_sparse.backbones import (
     PruneTarget,
     layer_thresholds_at_most,
 )
+from feather_sparse.nm import NMBackbone, NMPattern
 from feather_sparse.ops import Operator, OutputCache, ThresholdOperator, compute_dtype
 from feather_sparse.pruner_config import DEFAULT_INCLUDE, FORMAT_VERSION, PrunerConfig, auto_theta
 from feather_sparse.schedules import Schedule
@@ -134,6 +135,7 @@ class PrunerReport:
     sparsity: float
     params: int
     layers: tuple[LayerReport, ...]
+    pattern: str | None = None  # "2:4" for N:M pruning
 
     @property
     def collapsed(self) -> list[str]:
@@ -142,7 +144,10 @@ class PrunerReport:
 
     def table(self) -> str:
         """The rows as a Markdown table (for printing by the caller)."""
-        lines = [
+        lines = []
+        if self.pattern:
+            lines += [f"N:M pattern {self.pattern} (threshold: mean over groups)", ""]
+        lines += [
             "| layer | shape | params | threshold | sparsity |",
             "|---|---|---:|---:|---:|",
         ]
@@ -201,9 +206,11 @@ class Pruner:
         model: any ``nn.Module``; its prunable weights get a parametrization,
             nothing else changes (the modules, their forward, the parameters the
             optimizer holds).
-        sparsity: final target sparsity ``S`` in ``[0, 1)``, over all prunable weights.
+        sparsity: final target sparsity ``S`` in ``[0, 1)``, over all prunable weights
+            (implied by ``pattern``; required otherwise).
         total_steps: number of :meth:`step` calls in the whole training
             (``epochs × batches per epoch``); the schedule is laid out on it.
+            May be left out with an N:M ``pattern`` applied from the first step.
         operator: ``"feather"`` (p = 3, default), ``"soft"`` (p = 1),
             ``"hard"`` (p = inf), or an :class:`~feather_sparse.ops.Operator`.
         p: the operator's power in ``[1, inf]``, overriding ``operator``'s
@@ -236,6 +243,11 @@ class Pruner:
             weights; ``None`` takes the group from the weights' device mesh.
             Plain (replicated) weights, as under DDP, never use it: every rank
             computes the identical threshold locally, with no communication.
+        pattern: ``"N:M"`` (e.g. ``"2:4"``) for N:M sparsity with Feather's
+            per-group thresholds (:mod:`feather_sparse.nm`): implies
+            ``sparsity = (M − N)/M`` and the N:M backbone; ``schedule``
+            decides how the pattern is reached (default: from the first
+            step).
 
     The settings (all but ``model``, ``total_steps`` and ``process_group``)
     make a :class:`~feather_sparse.pruner_config.PrunerConfig`, which checks
@@ -250,8 +262,8 @@ class Pruner:
     def __init__(
         self,
         model: nn.Module,
-        sparsity: float,
-        total_steps: int,
+        sparsity: float | None = None,
+        total_steps: int | None = None,
         operator: str | Operator = "feather",
         p: float | None = None,
         theta: float | str = "auto",
@@ -265,6 +277,7 @@ class Pruner:
         theta_rule: str = "paper",
         check_finite: bool = True,
         process_group: ProcessGroup | None = None,
+        pattern: str | NMPattern | None = None,
     ) -> None:
         config = PrunerConfig(
             sparsity,
@@ -280,6 +293,7 @@ class Pruner:
             min_params=min_params,
             max_layer_sparsity=max_layer_sparsity,
             check_finite=check_finite,
+            pattern=pattern,
         )
         self._attach(model, config, total_steps, process_group)
 
@@ -288,7 +302,7 @@ class Pruner:
         cls,
         model: nn.Module,
         config: PrunerConfig,
-        total_steps: int,
+        total_steps: int | None = None,
         process_group: ProcessGroup | None = None,
     ) -> Pruner:
         """A Pruner on ``model`` with the settings of ``config`` (checked when it was made).
@@ -296,7 +310,8 @@ class Pruner:
         Args:
             model: as for the constructor.
             config: the settings.
-            total_steps: number of :meth:`step` calls in the whole training.
+            total_steps: number of :meth:`step` calls in the whole training
+                (may be left out when ``config.needs_total_steps`` is False).
             process_group: as for the constructor (sharded weights only).
 
         Raises:
@@ -310,10 +325,22 @@ class Pruner:
         self,
         model: nn.Module,
         config: PrunerConfig,
-        total_steps: int,
+        total_steps: int | None,
         process_group: ProcessGroup | None,
     ) -> None:
         # --- check the model before touching it (the settings were checked) ---
+        if total_steps is None:
+            if config.pattern is not None and config.needs_total_steps:
+                raise ValueError(
+                    "total_steps is needed to lay out a dense warm-up or a ramp "
+                    "(epochs × batches per epoch)"
+                )
+            if config.needs_total_steps:
+                raise ValueError(
+                    "total_steps is required (epochs × batches per epoch): the schedule is laid "
+                    "out on it"
+                )
+            total_steps = 1  # the full N:M pattern at every step: the length does not matter
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0:
             raise ValueError(
                 "total_steps must be a positive int (epochs × batches per epoch), "
@@ -348,7 +375,7 @@ class Pruner:
 
         self.model = model
         self.pruner_config = config
-        self.sparsity = config.sparsity
+        self.sparsity = config.final_sparsity
         self.total_steps = total_steps
         self.theta = config.theta_value
         self.theta_rule = config.theta_rule
@@ -461,13 +488,14 @@ class Pruner:
         """Per-layer name, shape, params, threshold and sparsity; flags collapsed layers."""
         zeros = self._layer_zeros()
         rows = []
-        for t, th, z in zip(self.targets, self.thresholds(), zeros):
+        weights, _ = self._local_weights()
+        for i, (t, w, th, z) in enumerate(zip(self.targets, weights, self.thresholds(), zeros)):
             rows.append(
                 LayerReport(
                     name=t.name,
                     shape=t.shape,
                     params=t.numel,
-                    threshold=float(th),
+                    threshold=self.backbone.report_threshold(i, w, th),
                     sparsity=z / t.numel,
                     collapsed=z == t.numel,
                 )
@@ -479,6 +507,7 @@ class Pruner:
             sparsity=sum(zeros) / self.num_params,
             params=self.num_params,
             layers=tuple(rows),
+            pattern=str(self.backbone.pattern) if isinstance(self.backbone, NMBackbone) else None,
         )
         self._warn_collapsed(report.collapsed)
         return report
@@ -531,7 +560,7 @@ class Pruner:
         if self.max_layer_sparsity is not None:
             caps = layer_thresholds_at_most(weights, self.max_layer_sparsity, group)
             thresholds = [torch.minimum(t, c.to(t)) for t, c in zip(thresholds, caps)]
-        if maxima is not None and sparsity > 0:
+        if maxima is not None and sparsity > 0 and self.backbone.thresholds_are_magnitudes:
             # Collapse check for free: a layer is fully pruned when T_l >= max |w_l|.
             ts = torch.stack([t.detach().float().reshape(()).to(maxima.device) for t in thresholds])
             if bool((ts >= maxima).any()):
@@ -622,6 +651,9 @@ class Pruner:
         distributed.check_unsharded(self.model, self.weights(), "finalize")
         target = self.sparsity if sparsity is None else float(sparsity)
         self.update(target)
+        if _overrides(self.backbone, "check_final"):  # what will be baked, while undoable
+            for i, t in enumerate(self.targets):
+                self.backbone.check_final(i, self._parametrization(t)(t.weight))
         for t in self.targets:
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=True)
         self._finished = True
@@ -706,6 +738,7 @@ class Pruner:
             "exclude": list(self.exclude),
             "min_params": self.min_params,
             "max_layer_sparsity": self.max_layer_sparsity,
+            "pattern": self.pruner_config.pattern,
             "targets": [t.name for t in self.targets],
         }
 
@@ -788,6 +821,7 @@ class Pruner:
             "update_every": cfg["update_every"],
             "include": cfg["targets"],
             "max_layer_sparsity": cfg["max_layer_sparsity"],
+            "pattern": cfg.get("pattern"),  # absent from states saved before N:M
         }
         if cfg["schedule"].get("name") == "<callable>" and "schedule" not in overrides:
             raise ValueError("this Pruner used a custom schedule callable: pass schedule=... again")

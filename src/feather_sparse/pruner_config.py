@@ -7,6 +7,11 @@ keyword arguments), the training loop makes one from its ``TrainConfig``
 here, in ``__post_init__``, with the rules of :mod:`feather_sparse.rules` —
 never again on the way to the operator.
 
+An N:M ``pattern`` (``"2:4"``) is resolved here too: it implies the
+sparsity ``(M − N)/M``, the N:M backbone (:mod:`feather_sparse.nm`) and, by
+default, the full pattern from the first step; a value that contradicts it
+is an error naming both.
+
 Names are resolved against the registries of operators, backbones and
 schedules, including the baselines' (``st3``, ``spartan``): this module
 imports :mod:`feather_sparse.baselines` so that a config accepts them however
@@ -24,10 +29,12 @@ from torch import nn
 
 from feather_sparse.backbones import BACKBONES, Backbone
 from feather_sparse.baselines import SpartanBackbone, ST3Operator
+from feather_sparse.nm.backbone import nm_settings
+from feather_sparse.nm.operator import NMPattern
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator
 from feather_sparse.registry import Registry
 from feather_sparse.rules import check_p, check_sparsity, check_theta
-from feather_sparse.schedules import SCHEDULES, CubicSchedule, Schedule
+from feather_sparse.schedules import SCHEDULES, ConstantSchedule, CubicSchedule, Schedule
 
 __all__ = [
     "AUTO_THETA_BOUNDARY",
@@ -98,7 +105,8 @@ class PrunerConfig:
     """What a Pruner does, apart from the model and the length of training.
 
     Args:
-        sparsity: final target sparsity ``S`` in ``[0, 1)``, over all prunable weights.
+        sparsity: final target sparsity ``S`` in ``[0, 1)``, over all prunable
+            weights; required unless ``pattern`` implies it.
         operator: ``"feather"`` (p = 3, default), ``"soft"`` (p = 1),
             ``"hard"`` (p = inf), another registered name, or an
             :class:`~feather_sparse.ops.Operator`.
@@ -124,6 +132,13 @@ class PrunerConfig:
             the paper: cap each layer's threshold so that at most this fraction of
             the layer is pruned.
         check_finite: raise at ``step()`` if a weight holds NaN or inf.
+        pattern: ``"N:M"`` (``"2:4"``, ``"4:8"``, …) for N:M sparsity, or
+            ``None`` (unstructured). It implies ``sparsity`` (given as well, it
+            must agree), the backbone ``{"name": "nm", "pattern": ...}``
+            (``"global"``, the default, or ``"nm"`` become it; another is an
+            error) and, unless ``schedule`` is given, the full pattern from
+            the first step. Stored as its string. An ``"nm"`` backbone given
+            without ``pattern`` sets it.
 
     Raises:
         ValueError: for any value outside its rule, naming the field.
@@ -131,7 +146,7 @@ class PrunerConfig:
 
     version: ClassVar[int] = FORMAT_VERSION
 
-    sparsity: float
+    sparsity: float | None = None
     operator: str | Operator = "feather"
     p: float | None = None
     theta: float | str = "auto"
@@ -144,12 +159,25 @@ class PrunerConfig:
     min_params: int = 0
     max_layer_sparsity: float | None = None
     check_finite: bool = True
+    pattern: str | NMPattern | None = None
     _operator: Operator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
+        nm = nm_settings(
+            self.pattern, self.sparsity, self.backbone, self.schedule, self.max_layer_sparsity
+        )
+        if nm is not None:
+            put("pattern", str(nm.pattern))
+            put("sparsity", nm.sparsity)
+            put("backbone", nm.backbone)
+            put("schedule", nm.schedule)
+        if self.sparsity is None:
+            raise ValueError(
+                "sparsity is required (e.g. sparsity=0.9), or pattern='N:M' for N:M sparsity"
+            )
         put("sparsity", check_sparsity(self.sparsity))
         if self.p is not None:
             put("p", check_p(self.p))
@@ -178,10 +206,21 @@ class PrunerConfig:
 
     # ------------------------------------------------------------- resolved
     @property
+    def final_sparsity(self) -> float:
+        """``sparsity`` as a number (set from ``pattern`` when that implied it)."""
+        assert self.sparsity is not None  # __post_init__ resolved it
+        return float(self.sparsity)
+
+    @property
+    def needs_total_steps(self) -> bool:
+        """Whether a Pruner needs ``total_steps`` (all but an N:M pattern from the first step)."""
+        return self.pattern is None or not _from_first_step(self.make_schedule())
+
+    @property
     def theta_value(self) -> float:
         """θ as a number: the given one, or the automatic rule's at ``sparsity``."""
         if isinstance(self.theta, str):
-            return auto_theta(self.sparsity, self.theta_rule)
+            return auto_theta(self.final_sparsity, self.theta_rule)
         return float(self.theta)
 
     def make_operator(self) -> Operator:
@@ -248,7 +287,13 @@ class PrunerConfig:
             "min_params": self.min_params,
             "max_layer_sparsity": self.max_layer_sparsity,
             "check_finite": self.check_finite,
+            "pattern": self.pattern,
         }
+
+
+def _from_first_step(schedule: Any) -> bool:
+    """Whether ``schedule`` is the constant one from step 0 (it needs no length)."""
+    return isinstance(schedule, ConstantSchedule) and schedule.start == 0.0
 
 
 def _resolve_operator(operator: str | Operator, p: float | None) -> Operator:

@@ -162,6 +162,12 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         fields.update(SUITES.get(args.suite).options_fields(explicit))
     else:
         fields.update(explicit)
+        if "seeds" not in explicit:  # experiments with seeds of their own (nm: 5)
+            fields["per_experiment"] = {
+                e.name: {"seeds": e.seeds}
+                for e in map(EXPERIMENTS.get, EXPERIMENTS.names())
+                if e.seeds is not None
+            }
     return BenchOptions(
         overrides=overrides,
         thetas=args.thetas,
@@ -188,11 +194,13 @@ def _progress(done: int, total: int, spec: RunSpec, outcome: RunOutcome) -> None
         if outcome.ok
         else f"FAILED: {outcome.error}"
     )
-    cell = (
-        f"{spec.group} seed {spec.seed}"
-        if spec.group == "dense"
-        else (f"{spec.group} s={spec.x:g} seed {spec.seed}")
-    )
+    if spec.group == "dense":
+        cell = f"{spec.group} seed {spec.seed}"
+    elif "pattern" in spec.settings:  # N:M runs: the pattern (and model) name the cell
+        where = " ".join(str(spec.settings[k]) for k in ("pattern", "model") if k in spec.settings)
+        cell = f"{spec.group} {where} seed {spec.seed}"
+    else:
+        cell = f"{spec.group} s={spec.x:g} seed {spec.seed}"
     print(
         f"[{done}/{total}] {spec.experiment} {cell}: {status} ({outcome.wall_time:.1f} s)",
         file=sys.stderr,

@@ -35,6 +35,7 @@ from feather_sparse.export.fsp import (
     save_sparse,
 )
 from feather_sparse.export.header import (
+    BASE_FORMAT_VERSION,
     FORMAT_NAME,
     FORMAT_VERSION,
     SparseFileInfo,
@@ -50,6 +51,7 @@ from feather_sparse.export.onnx import export_onnx, verify_onnx
 from feather_sparse.export.run import ExportSource, load_export_source
 
 __all__ = [
+    "BASE_FORMAT_VERSION",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "PATTERN_CODECS",

@@ -7,7 +7,12 @@ Pure functions from arrays to bytes and back, with no knowledge of files:
   ``bitmask+lzma`` (the packed mask, raw LZMA2), registered in
   :data:`PATTERN_CODECS`; :func:`_encode_pattern` keeps the smaller;
 * non-zero values (``planes+zlib``): their bytes split into byte planes, each
-  zlib-compressed where that makes it smaller.
+  zlib-compressed where that makes it smaller;
+* N:M weights (``nm+lzma``, format version 2): a tensor whose every group of
+  ``M`` consecutive entries along the reduction dimension holds at most ``N``
+  non-zeros is stored as :func:`feather_sparse.nm.encode_nm` writes it — ``N``
+  values per group and their packed in-group positions (raw LZMA2) — when
+  that is smaller than the unstructured encoding.
 
 The settings below are part of format version 1 (see
 :mod:`feather_sparse.export.fsp` for the file layout): changing them changes
@@ -17,6 +22,7 @@ what old files decode to. Every decoder raises ``ValueError`` on corrupt input.
 from __future__ import annotations
 
 import lzma
+import math
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,9 +31,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from feather_sparse.nm.export import decode_nm, encode_nm
+from feather_sparse.nm.operator import NMPattern
 from feather_sparse.registry import Registry
 
-__all__ = ["PATTERN_CODECS", "PatternCodec"]
+__all__ = ["NM_CODEC", "NM_GROUP_SIZES", "PATTERN_CODECS", "PatternCodec"]
 
 _VALUE_DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -240,3 +248,77 @@ def _decode_values(data: bytes, lengths: Sequence[int], n: int, dtype: torch.dty
                 raise ValueError("stored values are corrupted (wrong length)")
         planes[i] = np.frombuffer(chunk, dtype=np.uint8)
     return _from_bytes(np.ascontiguousarray(planes.T).tobytes(), dtype, (n,))
+
+
+# ---------------------------------------------------------------------------
+# N:M codec: kept values + packed in-group positions
+# ---------------------------------------------------------------------------
+
+#: Name of the N:M encoding in a record (its pattern is written beside it).
+NM_CODEC = "nm+lzma"
+#: Group sizes tried when looking for an N:M structure: those of the patterns
+#: GPUs accelerate (2:4) and their neighbours (1:4, 4:8).
+NM_GROUP_SIZES = (4, 8)
+
+
+def _nm_candidates(nonzero: Tensor, shape: Sequence[int]) -> list[NMPattern]:
+    """N:M patterns a tensor with flattened non-zero mask ``nonzero`` satisfies.
+
+    For each ``M`` in :data:`NM_GROUP_SIZES` dividing the reduction dimension
+    (``prod(shape[1:])``), ``N`` is the largest count of non-zeros in a group;
+    only ``N <= M/2`` is kept (the densest pattern GPUs run), so an
+    unstructured tensor rarely qualifies and is not encoded twice for nothing.
+    """
+    if len(shape) < 2 or not nonzero.numel():
+        return []
+    row = math.prod(shape[1:])
+    out = []
+    for m in NM_GROUP_SIZES:
+        if row % m:
+            continue
+        n = int(nonzero.reshape(-1, m).sum(dim=1).max())
+        if 1 <= n <= m // 2:
+            out.append(NMPattern(n, m))
+    return out
+
+
+def _nm_indices_length(numel: int, pattern: NMPattern) -> int:
+    """Bytes of the packed in-group positions of a tensor of ``numel`` entries."""
+    return math.ceil(numel // pattern.m * pattern.n * pattern.index_bits / 8)
+
+
+def _encode_nm(t: Tensor, pattern: NMPattern) -> tuple[bytes, Tensor] | None:
+    """``(compressed positions, values (groups·n,))`` of ``t``, or ``None`` if not bit-exact.
+
+    :func:`~feather_sparse.nm.encode_nm` keeps each group's ``n`` largest
+    magnitudes; a tensor it cannot restore bit for bit (a ``-0.0`` or NaN
+    among the dropped entries) is left to the unstructured codecs.
+    """
+    weight = t.reshape(t.shape[0], -1)
+    try:
+        values, indices = encode_nm(weight, pattern)
+    except ValueError:
+        return None
+    back = decode_nm(values, indices, tuple(weight.shape), pattern)
+    if not torch.equal(_bits(back), _bits(weight)):
+        return None
+    return _lzma_compress(_raw_bytes(indices)), values.reshape(-1)
+
+
+def _decode_nm(
+    data: bytes, values: Tensor, shape: Sequence[int], pattern: NMPattern, dtype: torch.dtype
+) -> Tensor:
+    """The tensor of ``shape`` from its compressed positions and ``values`` (in ``dtype``)."""
+    numel = math.prod(shape)
+    if len(shape) < 2 or numel % pattern.m:
+        raise ValueError(f"shape {tuple(shape)} does not split into groups of {pattern.m}")
+    raw = _lzma_decompress(data, _nm_indices_length(numel, pattern))
+    if len(raw) != _nm_indices_length(numel, pattern):
+        raise ValueError("compressed N:M positions are corrupted (wrong length)")
+    indices = _from_bytes(raw, torch.uint8, (len(raw),))
+    rows = (shape[0], numel // shape[0])
+    try:
+        out = decode_nm(values.to(dtype).reshape(-1, pattern.n), indices, rows, pattern)
+    except (RuntimeError, IndexError) as err:  # positions out of their group
+        raise ValueError(f"N:M positions are corrupted ({err})") from None
+    return out.reshape(tuple(shape))

@@ -7,8 +7,8 @@ plus its non-zero values, and everything else as is. The codecs are in
 :mod:`feather_sparse.export.codec`, the header's records in
 :mod:`feather_sparse.export.header`.
 
-File format (version 1)
------------------------
+File format (versions 1 and 2)
+------------------------------
 A safetensors file (no pickle; a JSON header with offsets) holding two uint8
 entries:
 
@@ -59,6 +59,16 @@ model. The safetensors ``__metadata__`` has no checksum of its own, so it must
 repeat the (checksummed) header exactly. Files are written atomically (see
 :func:`feather_sparse.integrity.write_atomic`).
 
+An **N:M weight** (format version 2; a file without one is written as
+version 1): a tensor of two or more dimensions whose every group of ``M``
+consecutive entries along the reduction dimension (``M`` = 4 or 8, dividing
+``prod(shape[1:])``) holds at most ``N <= M/2`` non-zeros is also encoded as
+:func:`feather_sparse.nm.encode_nm` does — ``N`` values per group, zeros
+included where a group has fewer, then the in-group positions packed in
+``ceil(log2 M)`` bits each and compressed with raw LZMA2 (codec ``nm+lzma``;
+the record names the pattern) — and stored so when that is smaller than the
+unstructured encoding; only encodings that decode bit for bit are used.
+
 ``values`` precision: ``"fp32"`` is lossless — non-zeros keep their tensor's own
 dtype (float32 stays float32; float16, bfloat16 and float64 tensors keep
 theirs). ``"fp16"`` / ``"bf16"`` store the non-zeros of float32/float64 tensors
@@ -88,22 +98,25 @@ from feather_sparse._version import __version__
 from feather_sparse.export.codec import (
     _BITS_DTYPES,
     _VALUE_DTYPES,
+    NM_CODEC,
     PATTERN_CODECS,
     PatternCodec,
     _bits,
+    _decode_nm,
     _decode_values,
     _dtype_from_name,
     _dtype_name,
+    _encode_nm,
     _encode_pattern,
     _encode_values,
     _from_bytes,
+    _nm_candidates,
     _raw_bytes,
 )
 from feather_sparse.export.files import check_writable, sniff
 from feather_sparse.export.header import (
     DATA_KEY,
     FORMAT_NAME,
-    FORMAT_VERSION,
     HEADER_KEY,
     MODEL_SPEC_ATTR,
     SparseFileInfo,
@@ -112,8 +125,10 @@ from feather_sparse.export.header import (
     _describe_spec,
     _header_bytes,
     _parse_header,
+    file_version,
 )
 from feather_sparse.integrity import write_atomic
+from feather_sparse.nm.operator import NMPattern
 
 __all__ = ["inspect_sparse", "load_sparse", "load_sparse_state_dict", "save_sparse"]
 
@@ -190,6 +205,17 @@ def _encode_tensor(name: str, tensor: Tensor, values: str) -> tuple[TensorRecord
             )
     codec, pattern = _encode_pattern(nonzero.numpy())
     planes, value_bytes = _encode_values(stored_values)
+    best: tuple[str, str | None, bytes, tuple[int, ...], bytes]
+    best = (codec, None, pattern, planes, value_bytes)
+    for nm in _nm_candidates(nonzero, shape):  # N:M weights: values + in-group positions
+        encoded = _encode_nm(t, nm)
+        if encoded is None:
+            continue
+        positions, nm_values = encoded
+        nm_planes, nm_value_bytes = _encode_values(nm_values.to(value_dtype))
+        if len(positions) + len(nm_value_bytes) < len(best[2]) + len(best[4]):
+            best = (NM_CODEC, str(nm), positions, nm_planes, nm_value_bytes)
+    codec, nm_pattern, pattern, planes, value_bytes = best
     payload = pattern + value_bytes
     if len(payload) >= len(raw):
         return dense
@@ -203,6 +229,7 @@ def _encode_tensor(name: str, tensor: Tensor, values: str) -> tuple[TensorRecord
         pattern_bytes=len(pattern),
         values_dtype=_dtype_name(value_dtype),
         value_planes=planes,
+        nm_pattern=nm_pattern,
     )
     return record, payload
 
@@ -286,7 +313,7 @@ def save_sparse(
         DATA_KEY: _from_bytes(b"".join(chunks), torch.uint8, (sum(map(len, chunks)),)),
     }
     data = _safetensors("safetensors.torch").save(
-        entries, metadata=_container_metadata(__version__, FORMAT_VERSION)
+        entries, metadata=_container_metadata(__version__, file_version(records))
     )
     write_atomic(target, data)
     info = _parse_header(str(target), header, target.stat().st_size)
@@ -379,6 +406,8 @@ def _decode_record(record: TensorRecord, payload: bytes) -> Tensor:
     if not record.is_sparse:
         return _from_bytes(payload, dtype, record.shape)
     assert record.pattern_codec is not None and record.values_dtype is not None
+    if record.nm_pattern is not None:
+        return _decode_nm_record(record, payload, dtype)
     codec: PatternCodec = PATTERN_CODECS.get(record.pattern_codec)
     try:
         mask = codec.decode(payload[: record.pattern_bytes], record.numel, record.nnz)
@@ -396,6 +425,30 @@ def _decode_record(record: TensorRecord, payload: bytes) -> Tensor:
     # Copy bit patterns (not float values) so that NaN payloads survive.
     bits[torch.from_numpy(mask)] = _bits(values.to(dtype))
     return bits.view(dtype).reshape(record.shape)
+
+
+def _decode_nm_record(record: TensorRecord, payload: bytes, dtype: torch.dtype) -> Tensor:
+    """Rebuild an N:M record: ``N`` values per group and their packed in-group positions."""
+    assert record.nm_pattern is not None and record.values_dtype is not None
+    try:
+        values = _decode_values(
+            payload[record.pattern_bytes :],
+            record.value_planes,
+            record.value_count,
+            _dtype_from_name(record.values_dtype),
+        )
+        out = _decode_nm(
+            payload[: record.pattern_bytes],
+            values,
+            record.shape,
+            NMPattern.parse(record.nm_pattern),
+            dtype,
+        )
+    except ValueError as err:
+        raise ValueError(f"tensor {record.name!r}: {err}") from None
+    if int((_bits(out) != 0).sum()) != record.nnz:
+        raise ValueError(f"tensor {record.name!r}: N:M values do not have {record.nnz} non-zeros")
+    return out
 
 
 def _decode_all(info: SparseFileInfo, data: bytes) -> dict[str, Tensor]:

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from feather_sparse._version import __version__
-from feather_sparse.export.codec import _VALUES_CODEC, PATTERN_CODECS, _dtype_from_name
+from feather_sparse.export.codec import _VALUES_CODEC, NM_CODEC, PATTERN_CODECS, _dtype_from_name
 from feather_sparse.models import MODEL_SPEC_ATTR  # re-exported: the attribute create_model sets
+from feather_sparse.nm.operator import NMPattern
 
 __all__ = [
+    "BASE_FORMAT_VERSION",
     "DATA_KEY",
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -29,14 +31,19 @@ __all__ = [
     "MODEL_SPEC_ATTR",
     "SparseFileInfo",
     "TensorRecord",
+    "file_version",
     "format_info",
     "human_bytes",
 ]
 
 #: Name written into (and required from) every sparse checkpoint.
 FORMAT_NAME = "feather-sparse"
-#: Version of the file layout this code writes and reads.
-FORMAT_VERSION = 1
+#: The newest version of the file layout, which this code writes and reads:
+#: 2 adds N:M records (``nm+lzma``). A file without one is written as
+#: :data:`BASE_FORMAT_VERSION`, so that readers older than N:M read it too.
+FORMAT_VERSION = 2
+#: The version of files that hold no N:M record (the layout before N:M).
+BASE_FORMAT_VERSION = 1
 #: The safetensors entries of a sparse checkpoint.
 HEADER_KEY = "feather.header"
 DATA_KEY = "feather.data"
@@ -62,6 +69,8 @@ class TensorRecord:
         pattern_bytes: bytes of the compressed pattern (sparse entries).
         values_dtype: dtype name of the stored non-zero values (sparse entries).
         value_planes: stored bytes of each byte plane of the values (sparse entries).
+        nm_pattern: ``"2:4"`` for an N:M record (``pattern_codec`` ``nm+lzma``),
+            whose values are ``N`` per group, zeros included where a group has fewer.
     """
 
     name: str
@@ -73,6 +82,7 @@ class TensorRecord:
     pattern_bytes: int = 0
     values_dtype: str | None = None
     value_planes: tuple[int, ...] = ()
+    nm_pattern: str | None = None
 
     @property
     def numel(self) -> int:
@@ -86,8 +96,18 @@ class TensorRecord:
 
     @property
     def encoding(self) -> str:
-        """``"dense"`` or the pattern codec's name."""
+        """``"dense"``, the pattern codec's name, or ``"nm+lzma 2:4"``."""
+        if self.nm_pattern is not None:
+            return f"{self.pattern_codec} {self.nm_pattern}"
         return self.pattern_codec or "dense"
+
+    @property
+    def value_count(self) -> int:
+        """Number of stored values: the non-zeros, or ``N`` per group for an N:M record."""
+        if self.nm_pattern is not None:
+            nm = NMPattern.parse(self.nm_pattern)
+            return self.numel // nm.m * nm.n
+        return self.nnz
 
     @property
     def density(self) -> float:
@@ -108,7 +128,14 @@ class TensorRecord:
 
     @property
     def pattern_entropy_bytes(self) -> float:
-        """``H(d)·N`` bits, in bytes: no coder stores an i.i.d. pattern in less."""
+        """``H(d)·N`` bits, in bytes: no coder stores an i.i.d. pattern in less.
+
+        For an N:M record, ``log2 C(M, N)`` bits per group (the choices of an
+        N:M pattern).
+        """
+        if self.nm_pattern is not None:
+            nm = NMPattern.parse(self.nm_pattern)
+            return self.numel // nm.m * math.log2(math.comb(nm.m, nm.n)) / 8
         return _binary_entropy(self.density) * self.numel / 8
 
     @property
@@ -117,7 +144,7 @@ class TensorRecord:
         if not self.is_sparse:
             return self.dense_bytes
         assert self.values_dtype is not None
-        return self.nnz * _dtype_from_name(self.values_dtype).itemsize
+        return self.value_count * _dtype_from_name(self.values_dtype).itemsize
 
     @property
     def entropy_bound_bytes(self) -> float:
@@ -136,6 +163,8 @@ class TensorRecord:
         }
         if self.is_sparse:
             out["pattern"] = {"codec": self.pattern_codec, "bytes": self.pattern_bytes}
+            if self.nm_pattern is not None:
+                out["pattern"]["nm"] = self.nm_pattern
             out["values"] = {
                 "dtype": self.values_dtype,
                 "codec": _VALUES_CODEC,
@@ -158,6 +187,7 @@ class TensorRecord:
                 pattern_bytes=0 if pattern is None else int(pattern["bytes"]),
                 values_dtype=None if values is None else str(values["dtype"]),
                 value_planes=() if values is None else tuple(int(n) for n in values["planes"]),
+                nm_pattern=None if pattern is None or "nm" not in pattern else str(pattern["nm"]),
             )
             if values is not None and values["codec"] != _VALUES_CODEC:
                 raise ValueError(f"unknown values codec {values['codec']!r}")
@@ -165,7 +195,16 @@ class TensorRecord:
             raise ValueError(f"corrupted header: bad record for tensor {name!r} ({err})") from None
         _dtype_from_name(record.dtype)
         if record.is_sparse:
-            if record.values_dtype is None or record.pattern_codec not in PATTERN_CODECS:
+            if record.nm_pattern is not None or record.pattern_codec == NM_CODEC:
+                try:
+                    nm = NMPattern.parse(record.nm_pattern or "")
+                except ValueError:
+                    nm = None
+                if record.pattern_codec != NM_CODEC or nm is None or record.numel % nm.m:
+                    raise ValueError(f"corrupted header: bad N:M encoding for tensor {name!r}")
+            elif record.pattern_codec not in PATTERN_CODECS:
+                raise ValueError(f"corrupted header: bad encoding for tensor {name!r}")
+            if record.values_dtype is None:
                 raise ValueError(f"corrupted header: bad encoding for tensor {name!r}")
             _dtype_from_name(record.values_dtype)
         return record
@@ -223,7 +262,7 @@ def _header_bytes(
     numel = sum(r.numel for r in sparse)
     header = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format_version": file_version(records),
         "library_version": __version__,
         "values": values,
         "model_spec": model_spec,
@@ -235,19 +274,27 @@ def _header_bytes(
     return lzma.compress(text, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64)
 
 
+def file_version(records: Sequence[TensorRecord]) -> int:
+    """The lowest format version that holds ``records`` (2 with an N:M record, else 1)."""
+    if any(r.nm_pattern is not None for r in records):
+        return FORMAT_VERSION
+    return BASE_FORMAT_VERSION
+
+
 def _check_format(path: str, fields: Mapping[str, Any]) -> None:
-    """Raise a clear error unless ``fields`` name this format and version."""
+    """Raise a clear error unless ``fields`` name this format and a version it reads."""
     if fields.get("format") != FORMAT_NAME:
         raise ValueError(
             f"{path} is not a feather-sparse checkpoint (format {fields.get('format')!r}); "
             "write it with feather_sparse.save_sparse"
         )
     version = str(fields.get("format_version"))
-    if version != str(FORMAT_VERSION):
+    readable = [str(v) for v in range(BASE_FORMAT_VERSION, FORMAT_VERSION + 1)]
+    if version not in readable:
         raise ValueError(
             f"{path} has format version {version} (written by feather-sparse "
             f"{fields.get('library_version', '?')}); this feather-sparse {__version__} reads "
-            f"format version {FORMAT_VERSION} only"
+            f"format versions {BASE_FORMAT_VERSION} to {FORMAT_VERSION}"
         )
 
 
@@ -331,7 +378,7 @@ def format_info(info: SparseFileInfo) -> str:
     if sparse:
         pattern = sum(r.pattern_bytes for r in sparse)
         entropy = sum(r.pattern_entropy_bytes for r in sparse)
-        stored = sum(sum(r.value_planes) for r in sparse)
+        stored = sum(sum(r.value_planes) for r in sparse)  # N:M: zeros filling a group included
         raw = sum(r.raw_value_bytes for r in sparse)
         lines.append(
             f"sparse tensors: patterns {human_bytes(pattern)} ({pattern / max(entropy, 1.0):.3f}x "

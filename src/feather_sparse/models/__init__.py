@@ -10,9 +10,10 @@ registers its factories with :func:`register_model`:
 - ``densenet``: ``densenet40_24`` (DenseNet-BC, 0.714M)
 - ``resnet50``: ``resnet50`` (ImageNet, 25.6M)
 - ``small``: ``mnist1d_cnn`` (the default model), ``mnist1d_mlp``
+- ``mixer``: ``mnist1d_mlpmixer`` (Linear-heavy, for N:M patterns)
 """
 
-from feather_sparse.models import densenet, mobilenet, resnet50, resnet_cifar, small
+from feather_sparse.models import densenet, mixer, mobilenet, resnet50, resnet_cifar, small
 from feather_sparse.models._registry import (
     MODEL_SPEC_ATTR,
     ModelInfo,
@@ -28,6 +29,7 @@ __all__ = [
     "create_model",
     "densenet",
     "list_models",
+    "mixer",
     "mobilenet",
     "model_info",
     "register_model",

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from feather_sparse.methods import METHODS
+from feather_sparse.nm.operator import NMPattern
 from feather_sparse.pruner_config import REGISTRIES
 from feather_sparse.registry import Registry
 from feather_sparse.rules import check_p, check_sparsity, check_theta
@@ -153,6 +154,11 @@ class TrainConfig:
     dense: bool = _f(False, "train the dense baseline (no pruning)")
     method: str = _f("feather", "sparsification method: {choices}", METHODS)
     sparsity: float = _f(0.9, "final target sparsity over all prunable weights")
+    pattern: str | None = _f(
+        None,
+        "N:M pattern (2:4, 4:8, 1:4): keep N of every M weights along each layer's reduction "
+        "dimension; sets sparsity to (M-N)/M (unset: unstructured)",
+    )
     # Unset (None): the method decides (Feather: operator feather with p = 3,
     # theta auto, backbone global); a set value the method fixes otherwise is
     # an error (feather_sparse.methods.pruner_config).
@@ -221,6 +227,12 @@ class TrainConfig:
             raise ValueError(f"device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
         # The pruning parameters follow the library's one rule each (feather_sparse.rules).
         check_sparsity(self.sparsity)
+        if self.pattern is not None:
+            # The pattern fixes the sparsity: a recipe's unstructured target gives way to it
+            # (load_config refuses a conflicting sparsity given together with the pattern).
+            nm = NMPattern.parse(self.pattern)
+            object.__setattr__(self, "pattern", str(nm))
+            object.__setattr__(self, "sparsity", nm.sparsity)
         if self.theta is not None:
             check_theta(self.theta, allow_auto=True)
         if self.p is not None:
@@ -465,6 +477,22 @@ def parse_override(text: str) -> tuple[str, str]:
     return key, value.strip()
 
 
+def _check_pattern_sparsity(values: Mapping[str, Any]) -> None:
+    """Raise if ``values`` give both an N:M pattern and a sparsity it does not imply."""
+    pattern, sparsity = values.get("pattern"), values.get("sparsity")
+    if pattern is None or sparsity is None:
+        return
+    if isinstance(pattern, str) and pattern.strip().lower() in _NONE:
+        return
+    nm = NMPattern.parse(pattern)
+    given = _coerce("sparsity", float, sparsity)
+    if not math.isclose(given, nm.sparsity, abs_tol=1e-12):
+        raise ValueError(
+            f"pattern {nm} prunes {nm.sparsity:g} of the weights, but sparsity {given:g} was "
+            "given with it: leave sparsity out (the pattern implies it)"
+        )
+
+
 # -------------------------------------------------------------------- recipes
 def _bundled() -> dict[str, Path]:
     folder = resources.files(__name__)
@@ -544,5 +572,6 @@ def load_config(
     values = load_recipe(recipe)
     extra = {**(overrides or {}), **kwargs}
     _check_keys(extra)
+    _check_pattern_sparsity(extra)
     values.update(extra)
     return TrainConfig.from_dict(values)

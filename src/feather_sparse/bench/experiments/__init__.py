@@ -11,6 +11,8 @@
 ``backbones``       appendix: Feather vs no Feather on the GMP and ASL+ backbones
 ``flops``           appendix: accuracy vs FLOPs for the global, global-flops and
                     uniform backbones, and their per-layer sparsity
+``nm``              issue 14: Feather-N:M vs SR-STE, S-STE, hard-STE and one-shot N:M
+                    × 2:4, 4:8, 1:4 × the CNN and the mixer, θ and p at 2:4
 ==================  ============================================================
 
 A new experiment is a module with a ``plan(opts) -> runs``, a
@@ -23,6 +25,7 @@ from feather_sparse.bench.experiments import (
     backbones,
     compare,
     flops,
+    nm,
     operator,
     p,
     stability,
@@ -35,5 +38,5 @@ from feather_sparse.registry import Registry
 __all__ = ["EXPERIMENTS", "Experiment"]
 
 EXPERIMENTS: Registry[Experiment] = Registry("experiment")
-for _module in (compare, operator, theta, theta_operator, p, stability, backbones, flops):
+for _module in (compare, operator, theta, theta_operator, p, stability, backbones, flops, nm):
     EXPERIMENTS.register(_module.EXPERIMENT.name, _module.EXPERIMENT)

@@ -38,6 +38,8 @@ class Experiment:
         paper: what it reproduces (table / figure of the paper).
         plan: ``opts -> runs``.
         summarize: ``context -> (Markdown body, figures written)``.
+        seeds: the seeds it runs unless the command names others (``None``:
+            the bench default); the command line passes them on.
     """
 
     name: str
@@ -45,6 +47,7 @@ class Experiment:
     paper: str
     plan: Callable[[BenchOptions], list[RunSpec]]
     summarize: Callable[[Context], tuple[str, list[Path]]]
+    seeds: tuple[int, ...] | None = None
 
 
 # ====================================================================== plans

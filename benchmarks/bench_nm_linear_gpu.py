@@ -1,0 +1,103 @@
+"""A 2:4 semi-structured sparse Linear against the dense one on a CUDA GPU.
+
+Times ``F.linear`` with the weight as ``torch.sparse.to_sparse_semi_structured``
+(NVIDIA's sparse tensor cores, Ampere or newer) against the dense fp16/bf16
+weight, forward and forward+backward (gradient of the input; the sparse
+weight is frozen, as at inference or in a frozen-mask fine-tune), at the
+Linear shapes of real models. Prints the device name and the ratios
+measured in one run, with CUDA events; without CUDA it says so and exits.
+
+    python benchmarks/bench_nm_linear_gpu.py [--tokens 4096] [--dtype float16] [--repeats 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+import feather_sparse as fs
+from feather_sparse.nm import nm_threshold
+
+#: (model, layer, out_features, in_features)
+SHAPES = [
+    ("BERT-base", "FFN up", 3072, 768),
+    ("BERT-base", "FFN down", 768, 3072),
+    ("ViT-L/16", "FFN up", 4096, 1024),
+    ("LLaMA-2-7B", "attention q/k/v/o", 4096, 4096),
+    ("LLaMA-2-7B", "MLP gate/up", 11008, 4096),
+    ("LLaMA-2-7B", "MLP down", 4096, 11008),
+]
+
+
+def cuda_time(fn: Callable[[], object], repeats: int, warmup: int = 10) -> float:
+    """Median milliseconds of ``fn`` on the current CUDA stream."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=4096, help="rows of the input batch")
+    parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device: this benchmark needs an NVIDIA GPU (compute capability >= 8.0)")
+        return 0
+    from torch.sparse import to_sparse_semi_structured
+
+    dtype = getattr(torch, args.dtype)
+    print(f"feather-sparse {fs.__version__}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    print(f"device: {torch.cuda.get_device_name()}, {args.dtype}, {args.tokens} tokens\n")
+    print(
+        "| model | layer | out × in | fwd dense (ms) | fwd 2:4 (ms) | fwd speed-up "
+        "| fwd+bwd dense (ms) | fwd+bwd 2:4 (ms) | fwd+bwd speed-up |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    torch.manual_seed(0)
+    for model, layer, out_f, in_f in SHAPES:
+        w = nm_threshold(torch.randn(out_f, in_f, device="cuda"), "2:4", p=float("inf"))
+        w = w.to(dtype)
+        sparse = to_sparse_semi_structured(w)
+        x = torch.randn(args.tokens, in_f, device="cuda", dtype=dtype, requires_grad=True)
+        g = torch.randn(args.tokens, out_f, device="cuda", dtype=dtype)
+
+        def fwd(weight: torch.Tensor) -> Callable[[], object]:
+            return lambda: F.linear(x, weight)
+
+        def fwd_bwd(weight: torch.Tensor) -> Callable[[], object]:
+            def step() -> None:
+                x.grad = None
+                F.linear(x, weight).backward(g)
+
+            return step
+
+        row = [cuda_time(fwd(w), args.repeats), cuda_time(fwd(sparse), args.repeats)]
+        try:
+            row += [cuda_time(fwd_bwd(w), args.repeats), cuda_time(fwd_bwd(sparse), args.repeats)]
+            bwd = f"{row[2]:.3f} | {row[3]:.3f} | {row[2] / row[3]:.2f}×"
+        except (RuntimeError, NotImplementedError) as err:  # a kernel this build lacks
+            dense = cuda_time(fwd_bwd(w), args.repeats)
+            bwd = f"{dense:.3f} | unsupported ({type(err).__name__}) | –"
+        print(
+            f"| {model} | {layer} | {out_f} × {in_f} | {row[0]:.3f} | {row[1]:.3f} "
+            f"| {row[0] / row[1]:.2f}× | {bwd} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

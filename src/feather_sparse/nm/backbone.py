@@ -1,0 +1,314 @@
+"""The N:M backbone: plugs the per-group operator into the Pruner.
+
+``Pruner(model, pattern="2:4")`` is ``Pruner(model, sparsity=0.5,
+backbone=NMBackbone("2:4"), schedule="constant")``: the backbone's 0-d
+"threshold" of each tensor is the *ramp* ``r = s(t) / S`` (the scheduled
+sparsity over the pattern's), and its forward computes every group's own
+threshold ``T_g`` from the current weights (:func:`~feather_sparse.nm.operator.nm_threshold`),
+scaled by ``r``. The schedule therefore decides how the pattern is reached:
+
+- ``"constant"`` (default): the full pattern from the first step;
+- ``{"name": "constant", "start": 0.1}``: dense for the first 10 % of the
+  steps, then the full pattern;
+- ``"cubic"`` (or ``"linear"``): the group thresholds grow from 0 to ``T_g``
+  along the ramp, keeping every weight above ``r·T_g`` besides the ``N`` ranked ones.
+
+Because ``T_g`` comes from the weights at each forward, every forward is
+exactly N:M (at ``r = 1``) whatever ``update_every``, and a resumed run
+needs nothing but the step (the ramp buffers are in the Pruner's state).
+
+Sharding: groups lie within one output row, so a dim-0 shard (FSDP2) holds
+whole groups and each rank prunes its own; :meth:`thresholds` needs no
+statistics of the weights, hence no communication.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget
+from feather_sparse.nm.operator import (
+    NMPattern,
+    check_layout,
+    group_view,
+    nm_keep_mask,
+    nm_threshold,
+)
+from feather_sparse.ops import Operator, ThresholdOperator, compute_dtype
+from feather_sparse.schedules import ConstantSchedule, Schedule
+
+__all__ = ["DEFAULT_NM_SCHEDULE", "DEFAULT_PATTERN", "NMBackbone", "NMSettings", "nm_settings"]
+
+#: How the pattern is reached by default: from the first step (see
+#: docs/results/nm-ramp.md for the ablation behind the choice).
+DEFAULT_NM_SCHEDULE: Schedule = ConstantSchedule()
+
+#: The pattern of an N:M backbone or method given without one.
+DEFAULT_PATTERN = "2:4"
+
+
+class NMBackbone(Backbone):
+    """Per-group thresholds of an N:M pattern (see the module docstring).
+
+    Three options make the N:M baselines (:mod:`feather_sparse.nm.methods`)
+    settings of this one backbone:
+
+    - ``decay`` ``λ`` (SR-STE): the backward adds ``λ·(1 − mask)⊙w`` to the
+      weight's gradient;
+    - ``rescale`` (S-STE): the forward is multiplied by a per-tensor
+      ``β = ⟨w, S(w)⟩ / ⟨S(w), S(w)⟩`` with ``S`` the soft (p = 1) N:M
+      threshold, computed once, when the pattern is first applied, and fixed;
+    - ``freeze`` (one-shot): the N:M magnitude mask taken when the pattern is
+      first applied is kept for the rest of training; the forward is then
+      plain masking (``p`` unused).
+
+    Args:
+        pattern: ``"2:4"``, ``"1:4"``, ``"4:8"``, … or an
+            :class:`~feather_sparse.nm.operator.NMPattern`.
+        decay: SR-STE's ``λ`` (0: off).
+        rescale: S-STE's fixed per-tensor ``β``.
+        freeze: fix the mask when the pattern is first reached.
+
+    Raises:
+        ValueError: for a bad pattern or ``decay < 0``.
+    """
+
+    name = "nm"
+    supports_sharding = True
+    thresholds_are_magnitudes = False
+
+    def __init__(
+        self,
+        pattern: str | NMPattern = DEFAULT_PATTERN,
+        decay: float = 0.0,
+        rescale: bool = False,
+        freeze: bool = False,
+    ) -> None:
+        self.pattern = NMPattern.parse(pattern)
+        if not decay >= 0.0:
+            raise ValueError(f"decay must be >= 0 (SR-STE uses 2e-4), got {decay}")
+        self.decay = float(decay)
+        self.rescale = bool(rescale)
+        self.freeze = bool(freeze)
+        # A frozen mask is kept per local shard, but the forward sees whole weights.
+        self.supports_sharding = not self.freeze
+        self._beta: list[Tensor] | None = None
+        self._masks: list[Tensor] | None = None
+
+    def setup(self, targets: Sequence[PruneTarget]) -> None:
+        for t in targets:
+            check_layout(t.name, t.module, t.weight, self.pattern)
+        super().setup(targets)
+
+    def advance(self, step: int, total_steps: int, final_sparsity: float) -> None:
+        if not math.isclose(final_sparsity, self.pattern.sparsity, abs_tol=1e-12):
+            raise ValueError(
+                f"the {self.pattern} pattern prunes {self.pattern.sparsity:g} of the weights, "
+                f"but the Pruner's sparsity is {final_sparsity:g}: leave sparsity out "
+                f"(pattern={str(self.pattern)!r} implies it)"
+            )
+
+    def thresholds(self, weights: Sequence[Tensor], sparsity: float) -> list[Tensor]:
+        ramp = sparsity / self.pattern.sparsity
+        if ramp > 1.0 + 1e-9:
+            raise ValueError(
+                f"sparsity {sparsity:g} exceeds the {self.pattern} pattern's "
+                f"{self.pattern.sparsity:g}; an N:M pattern fixes the sparsity"
+            )
+        if ramp >= 1.0:
+            if self.rescale and self._beta is None:
+                self._beta = self._rescale_factors(weights)
+            if self.freeze and self._masks is None:
+                self._masks = [nm_keep_mask(w, self.pattern)[0].reshape(w.shape) for w in weights]
+        return [torch.tensor(min(ramp, 1.0), dtype=torch.float32, device=w.device) for w in weights]
+
+    @torch.no_grad()
+    def _rescale_factors(self, weights: Sequence[Tensor]) -> list[Tensor]:
+        """S-STE's ``β = ⟨w, S(w)⟩ / ⟨S(w), S(w)⟩`` per tensor (sums over all shards)."""
+        sums = []
+        for w in weights:
+            s = nm_threshold(w, self.pattern, p=1.0).to(compute_dtype(w.dtype))
+            sums.append(torch.stack([(w.to(s.dtype) * s).sum(), (s * s).sum()]).float())
+        both = torch.stack(sums)  # (tensors, 2)
+        if self.process_group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(both, group=self.process_group)
+        # An all-zero tensor has S = 0: β = 1 leaves it as it is.
+        beta = torch.where(both[:, 1] > 0, both[:, 0] / both[:, 1].clamp_min(1e-30), 1.0)
+        return [b.to(w.device) for b, w in zip(beta, weights)]
+
+    def forward_weight(
+        self, index: int, weight: Tensor, threshold: Tensor, operator: Operator, theta: float
+    ) -> Tensor:
+        if not isinstance(operator, ThresholdOperator):
+            raise ValueError(
+                f"N:M pruning applies the thresholding operators (feather, soft, hard), "
+                f"not {operator!r}"
+            )
+        return nm_threshold(
+            weight,
+            self.pattern,
+            threshold,
+            operator.p,
+            theta,
+            decay=self.decay,
+            mask=None if self._masks is None else self._masks[index],
+            scale=None if self._beta is None else self._beta[index],
+        )
+
+    def keep_mask(self, weight: Tensor, threshold: Tensor, index: int = 0) -> Tensor:
+        """Positions the forward keeps, shaped like ``weight`` (``N`` per group at ramp 1)."""
+        if self._masks is not None:
+            return self._masks[index]
+        keep, t = nm_keep_mask(weight, self.pattern)
+        if float(threshold) < 1.0:
+            x = group_view(weight.detach(), self.pattern).abs().to(t.dtype)
+            keep = keep | (x > t * threshold.to(t.dtype))
+        return keep.reshape(weight.shape)
+
+    def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
+        return ~self.keep_mask(weight, threshold, index)
+
+    def report_threshold(self, index: int, weight: Tensor, threshold: Tensor) -> float:
+        """The mean group threshold ``r·T_g`` of tensor ``index``."""
+        if weight.numel() == 0:
+            return 0.0
+        _, t = nm_keep_mask(weight, self.pattern)
+        return float(t.mean()) * float(threshold)
+
+    def check_final(self, index: int, weight: Tensor) -> None:
+        """Raise unless every group of ``weight`` holds at most ``n`` nonzeros.
+
+        Raises:
+            ValueError: when the pattern is not fully applied (a ``finalize``
+                at a sparsity below the pattern's).
+        """
+        with torch.no_grad():
+            counts = (group_view(weight.detach(), self.pattern) != 0).sum(dim=1)
+        if counts.numel() and int(counts.max()) > self.pattern.n:
+            raise ValueError(
+                f"layer {self.targets[index].name!r} would keep {int(counts.max())} nonzeros in a "
+                f"group, more than the {self.pattern} pattern allows: finalize an N:M Pruner at "
+                "its pattern's sparsity (call finalize() without sparsity=)"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "beta": None if self._beta is None else [b.clone() for b in self._beta],
+            "masks": None if self._masks is None else [m.clone() for m in self._masks],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        def on(saved: list[Tensor] | None) -> list[Tensor] | None:
+            if saved is None:
+                return None
+            return [s.to(t.weight.device) for s, t in zip(saved, self.targets)]
+
+        self._beta = on(state.get("beta"))
+        self._masks = on(state.get("masks"))
+
+    def config(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "pattern": str(self.pattern)}
+        if self.decay:
+            out["decay"] = self.decay
+        if self.rescale:
+            out["rescale"] = True
+        if self.freeze:
+            out["freeze"] = True
+        return out
+
+
+BACKBONES.register("nm", NMBackbone)
+
+
+@dataclass(frozen=True)
+class NMSettings:
+    """What an N:M pattern makes of a Pruner's settings (see :func:`nm_settings`)."""
+
+    pattern: NMPattern
+    sparsity: float
+    backbone: NMBackbone | dict[str, Any]
+    schedule: Any
+
+
+def _backbone_pattern(backbone: Any) -> str | NMPattern | None:
+    """The pattern an N:M backbone setting names (``None``: not the N:M backbone)."""
+    if isinstance(backbone, NMBackbone):
+        return backbone.pattern
+    if isinstance(backbone, str) and backbone.strip().lower() == NMBackbone.name:
+        return DEFAULT_PATTERN
+    if isinstance(backbone, Mapping) and str(backbone.get("name", "")).lower() == NMBackbone.name:
+        pattern: str | NMPattern = backbone.get("pattern", DEFAULT_PATTERN)
+        return pattern
+    return None
+
+
+def nm_settings(
+    pattern: str | NMPattern | None,
+    sparsity: float | None,
+    backbone: Any,
+    schedule: Any,
+    max_layer_sparsity: float | None,
+) -> NMSettings | None:
+    """Resolve the settings an N:M ``pattern`` implies, or raise naming the conflict.
+
+    ``pattern`` ``None`` with an N:M backbone takes the backbone's pattern;
+    ``None`` with any other backbone is unstructured pruning (returns ``None``).
+    The backbone becomes ``{"name": "nm", "pattern": ..., **options}`` (a
+    fresh one for every Pruner); an :class:`NMBackbone` object passes through.
+
+    Raises:
+        ValueError: for a malformed pattern, or a ``sparsity``, backbone or
+            ``max_layer_sparsity`` that contradicts it.
+    """
+    if pattern is None:
+        pattern = _backbone_pattern(backbone)
+        if pattern is None:
+            return None
+    nm = NMPattern.parse(pattern)
+    if sparsity is not None and (
+        isinstance(sparsity, bool)
+        or not isinstance(sparsity, (int, float))
+        or not math.isclose(float(sparsity), nm.sparsity, abs_tol=1e-12)
+    ):
+        raise ValueError(
+            f"pattern={str(nm)!r} prunes {nm.sparsity:g} of the weights, but sparsity={sparsity!r} "
+            "was given: leave sparsity out (the pattern implies it)"
+        )
+    if max_layer_sparsity is not None:
+        raise ValueError("max_layer_sparsity does not apply to an N:M pattern (leave it out)")
+    explicit = (
+        backbone.pattern
+        if isinstance(backbone, NMBackbone)
+        else backbone.get("pattern")
+        if isinstance(backbone, Mapping)
+        else None
+    )
+    if explicit is not None and NMPattern.parse(explicit) != nm:
+        raise ValueError(f"backbone {backbone!r} has another pattern than pattern={str(nm)!r}")
+    resolved: NMBackbone | dict[str, Any]
+    if isinstance(backbone, NMBackbone):
+        resolved = backbone
+    elif isinstance(backbone, str) and backbone.strip().lower() in ("global", NMBackbone.name):
+        resolved = {"name": NMBackbone.name, "pattern": str(nm)}
+    elif isinstance(backbone, Mapping) and _backbone_pattern(backbone) is not None:
+        resolved = {**backbone, "name": NMBackbone.name, "pattern": str(nm)}
+        NMBackbone(**{k: v for k, v in resolved.items() if k != "name"})  # check the options
+    else:
+        raise ValueError(
+            f"pattern={str(nm)!r} brings its own per-group thresholds; backbone={backbone!r} "
+            "cannot be combined with it (leave backbone out)"
+        )
+    return NMSettings(
+        pattern=nm,
+        sparsity=nm.sparsity,
+        backbone=resolved,
+        schedule=DEFAULT_NM_SCHEDULE if schedule is None else schedule,
+    )

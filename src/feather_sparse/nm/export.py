@@ -1,0 +1,181 @@
+"""N:M weights in the formats that store or run them compactly.
+
+- :func:`encode_nm` / :func:`decode_nm`: a compact, bit-exact N:M encoding
+  for checkpoints — per group the ``N`` kept values (in position order) and
+  their in-group positions, ``ceil(log2 M)`` bits each, packed into bytes
+  (2 bits for 2:4, so a 2:4 fp16 weight takes 1.125 bytes per element
+  against 2 dense, 56 %; :func:`nm_encoded_bytes` gives the size). The
+  ``.fsp`` format wires these in.
+- :func:`to_semi_structured`: the 2:4 Linear layers of a finalized model as
+  PyTorch's semi-structured sparse tensors
+  (``torch.sparse.to_sparse_semi_structured``), which run on the sparse
+  tensor cores of NVIDIA GPUs since Ampere (CUDA, float16/bfloat16).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from feather_sparse.nm.operator import NMPattern, group_view, nm_keep_mask
+
+__all__ = ["decode_nm", "encode_nm", "nm_encoded_bytes", "to_semi_structured"]
+
+logger = logging.getLogger(__name__)
+
+
+def _pack_bits(values: Tensor, bits: int) -> Tensor:
+    """Non-negative ints ``< 2**bits`` (1-d) as a little-endian bit stream in uint8 bytes."""
+    shifts = torch.arange(bits, device=values.device)
+    stream = ((values.to(torch.int64).unsqueeze(1) >> shifts) & 1).reshape(-1)  # (n·bits,)
+    pad = (-stream.numel()) % 8
+    stream = torch.cat([stream, stream.new_zeros(pad)]).reshape(-1, 8)
+    weights = 1 << torch.arange(8, device=values.device)
+    return (stream * weights).sum(1).to(torch.uint8)
+
+
+def _unpack_bits(packed: Tensor, bits: int, count: int) -> Tensor:
+    """Inverse of :func:`_pack_bits`: ``count`` ints of ``bits`` bits, as int64."""
+    shifts = torch.arange(8, device=packed.device)
+    stream = ((packed.to(torch.int64).unsqueeze(1) >> shifts) & 1).reshape(-1)
+    stream = stream[: count * bits].reshape(count, bits)
+    return (stream << torch.arange(bits, device=packed.device)).sum(1)
+
+
+def encode_nm(weight: Tensor, pattern: NMPattern | str) -> tuple[Tensor, Tensor]:
+    """Encode a weight with at most ``n`` nonzeros per group compactly and bit-exactly.
+
+    The stored positions of a group are its ``n`` largest magnitudes, the
+    lower position first among equal ones (so every nonzero is stored, and
+    zeros fill the rest); the other ``m − n`` entries must be ``+0.0``, as
+    :meth:`~feather_sparse.pruner.Pruner.finalize` leaves them.
+
+    Args:
+        weight: a weight whose rows split into groups of ``pattern.m``.
+        pattern: the N:M pattern.
+
+    Returns:
+        ``(values, indices)``: ``values`` of shape ``(groups, n)`` in
+        ``weight``'s dtype; ``indices`` the in-group positions (increasing
+        within each group), ``ceil(log2 m)`` bits each, packed little-endian
+        into a 1-d uint8 tensor.
+
+    Raises:
+        ValueError: if a group holds more than ``n`` nonzeros or a ``−0.0``
+            outside its stored positions (the message says where).
+    """
+    pattern = NMPattern.parse(pattern)
+    groups = group_view(weight.detach(), pattern)  # (G, m)
+    keep, _ = nm_keep_mask(groups, pattern)
+    dropped = groups[~keep]
+    if (dropped != 0).any():
+        bad = int(((groups != 0).sum(1) > pattern.n).nonzero()[0, 0])
+        raise ValueError(
+            f"group {bad} of a weight of shape {tuple(weight.shape)} holds more than "
+            f"{pattern.n} nonzeros, so it is not {pattern}-sparse: finalize the N:M Pruner first"
+        )
+    if torch.signbit(dropped).any():
+        raise ValueError(
+            "a pruned position holds -0.0, which this encoding would restore as +0.0: "
+            "write +0.0 there (Pruner.finalize does)"
+        )
+    positions = keep.nonzero()[:, 1]  # row-major: increasing within each group
+    values = groups[keep].reshape(-1, pattern.n)
+    return values.clone(), _pack_bits(positions, pattern.index_bits)
+
+
+def decode_nm(
+    values: Tensor, indices: Tensor, shape: tuple[int, ...] | torch.Size, pattern: NMPattern | str
+) -> Tensor:
+    """The dense weight that :func:`encode_nm` encoded, bit for bit.
+
+    Args:
+        values: ``(groups, n)`` kept values.
+        indices: the packed in-group positions.
+        shape: the weight's shape.
+        pattern: the N:M pattern it was encoded with.
+
+    Raises:
+        ValueError: if the sizes do not fit ``shape`` and ``pattern``.
+    """
+    pattern = NMPattern.parse(pattern)
+    numel = math.prod(shape)
+    groups = numel // pattern.m
+    if numel % pattern.m or values.shape != (groups, pattern.n):
+        raise ValueError(
+            f"values of shape {tuple(values.shape)} do not fit a {pattern} weight of shape "
+            f"{tuple(shape)} (expected ({groups}, {pattern.n}))"
+        )
+    if indices.numel() * 8 < groups * pattern.n * pattern.index_bits:
+        raise ValueError(f"{indices.numel()} index bytes are too few for shape {tuple(shape)}")
+    positions = _unpack_bits(indices, pattern.index_bits, groups * pattern.n)
+    out = torch.zeros(groups, pattern.m, dtype=values.dtype, device=values.device)
+    out.scatter_(1, positions.reshape(groups, pattern.n).to(values.device), values)
+    return out.reshape(shape)
+
+
+def nm_encoded_bytes(numel: int, pattern: NMPattern | str, dtype: torch.dtype) -> int:
+    """Bytes of :func:`encode_nm`'s output for ``numel`` weights of ``dtype``."""
+    pattern = NMPattern.parse(pattern)
+    kept = numel // pattern.m * pattern.n
+    item = torch.empty((), dtype=dtype).element_size()
+    return kept * item + math.ceil(kept * pattern.index_bits / 8)
+
+
+def to_semi_structured(model: nn.Module) -> list[str]:
+    """Replace the weights of the 2:4-sparse Linear layers by semi-structured sparse tensors.
+
+    Every ``nn.Linear`` whose weight has at most 2 nonzeros in each group of 4
+    consecutive input weights gets a ``torch.sparse.SparseSemiStructuredTensor``
+    weight (the layer's own forward then runs the sparse kernel); other
+    layers, and layers whose shapes the kernels do not support, stay dense.
+
+    Args:
+        model: a finalized model (no Pruner attached) on a CUDA device, in
+            float16 or bfloat16 (``model.half()``).
+
+    Returns:
+        The names of the converted layers.
+
+    Raises:
+        RuntimeError: without a CUDA device, or if a Pruner is still attached.
+        ValueError: for a Linear weight that is not on CUDA or not float16/bfloat16.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "to_semi_structured needs a CUDA GPU: torch.sparse.to_sparse_semi_structured runs "
+            "on NVIDIA sparse tensor cores (Ampere or newer) only. On this machine keep the "
+            "dense N:M weights (they run and export as they are), or store them compactly "
+            "with encode_nm / the .fsp format"
+        )
+    from torch.sparse import to_sparse_semi_structured
+
+    pattern = NMPattern(2, 4)
+    converted = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        if parametrize.is_parametrized(module, "weight"):
+            raise RuntimeError(
+                f"layer {name!r} still has a Pruner attached: call pruner.finalize() first"
+            )
+        w = module.weight
+        if w.device.type != "cuda" or w.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(
+                f"layer {name!r} is {w.dtype} on {w.device}: semi-structured sparsity needs "
+                "float16 or bfloat16 weights on CUDA (model.half().cuda())"
+            )
+        if w.shape[1] % 4 or ((group_view(w, pattern) != 0).sum(1) > 2).any():
+            continue
+        try:
+            sparse = to_sparse_semi_structured(w.detach())
+        except (RuntimeError, ValueError) as err:  # shapes the kernels do not support
+            logger.info("to_semi_structured: %s stays dense (%s)", name, err)
+            continue
+        module.weight = nn.Parameter(sparse, requires_grad=False)
+        converted.append(name)
+    return converted

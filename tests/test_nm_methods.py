@@ -1,0 +1,136 @@
+"""The N:M baselines behind make_pruner: SR-STE, S-STE, hard-STE N:M, one-shot, Feather N:M."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import feather_sparse as fs
+from feather_sparse.nm import NMPattern, group_view, nm_threshold
+from feather_sparse.nm.methods import SR_STE_DECAY
+
+NM_METHODS = ["feather-nm", "hard-nm", "sr-ste", "s-ste", "oneshot-nm"]
+
+
+def linear(rows: list[list[float]]) -> nn.Sequential:
+    w = torch.tensor(rows)
+    layer = nn.Linear(w.shape[1], w.shape[0], bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    return nn.Sequential(layer)
+
+
+def model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+
+
+def step(m: nn.Module, pruner: fs.Pruner, opt: torch.optim.Optimizer, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(8, 16, generator=gen), torch.randint(0, 8, (8,), generator=gen)
+    loss = F.cross_entropy(m(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    pruner.step()
+
+
+@pytest.mark.parametrize("method", NM_METHODS)
+@pytest.mark.parametrize("spec", ["2:4", "1:4", "4:8"])
+def test_every_method_trains_to_the_pattern(method: str, spec: str) -> None:
+    m = model()
+    pruner = fs.make_pruner(m, method, pattern=spec, total_steps=4)
+    assert pruner.report().pattern == spec
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for i in range(4):
+        step(m, pruner, opt, i)
+    pruner.finalize()
+    pattern = NMPattern.parse(spec)
+    for layer in (m[0], m[2]):
+        counts = (group_view(layer.weight, pattern) != 0).sum(1)
+        assert (counts <= pattern.n).all()
+        if method != "s-ste":  # soft thresholding: exact n with distinct magnitudes too
+            assert (counts == pattern.n).all()
+
+
+def test_method_settings_and_conflicts() -> None:
+    p = fs.make_pruner(model(), "sr-ste")
+    assert p.backbone.config() == {"name": "nm", "pattern": "2:4", "decay": SR_STE_DECAY}
+    assert (p.operator.name, p.theta) == ("hard", 1.0)
+    p.remove()
+    p = fs.make_pruner(model(), "sr-ste", decay=1e-3, pattern="4:8")  # a backbone option
+    assert p.backbone.config() == {"name": "nm", "pattern": "4:8", "decay": 1e-3}
+    p.remove()
+    with pytest.raises(ValueError, match="fixes operator='hard'"):
+        fs.make_pruner(model(), "sr-ste", operator="feather")
+    with pytest.raises(ValueError, match=r"prunes 0\.5"):
+        fs.make_pruner(model(), "s-ste", sparsity=0.9)
+    with pytest.raises(ValueError, match="decay must be >= 0"):
+        fs.make_pruner(model(), "sr-ste", decay=-1.0)
+
+
+def test_sr_ste_adds_the_sparse_refined_decay() -> None:
+    m = linear([[2.0, -1.0, 0.5, -3.0]])
+    pruner = fs.make_pruner(m, "sr-ste")
+    w = pruner.weights()[0]
+    m(torch.ones(1, 4)).sum().backward()  # dL/dW̃ = 1 everywhere
+    lam = SR_STE_DECAY
+    expected = [[1.0, 1.0 + lam * -1.0, 1.0 + lam * 0.5, 1.0]]
+    assert w.grad is not None
+    assert w.grad.tolist()[0] == pytest.approx(expected[0], rel=1e-6)
+    assert m[0].weight.tolist() == [[2.0, 0.0, 0.0, -3.0]]
+
+
+def test_s_ste_soft_threshold_with_fixed_beta() -> None:
+    rows = [[2.0, -1.0, 0.5, -3.0], [0.4, 0.3, -0.2, 0.1]]
+    m = linear(rows)
+    pruner = fs.make_pruner(m, "s-ste", total_steps=3)
+    w = torch.tensor(rows)
+    s = torch.tensor([[1.0, 0.0, 0.0, -2.0], [0.2, 0.1, 0.0, 0.0]])  # sign(w)(|w| − t)
+    beta = float((w * s).sum() / (s * s).sum())
+    torch.testing.assert_close(m[0].weight, beta * s)
+    # β is fixed: after the weights move, it is not recomputed
+    with torch.no_grad():
+        pruner.weights()[0].mul_(2.0)
+    pruner.step()
+    torch.testing.assert_close(m[0].weight, beta * 2 * s)
+    # the backward is the plain STE (β does not scale it)
+    m(torch.ones(1, 4)).sum().backward()
+    assert torch.equal(pruner.weights()[0].grad, torch.ones(2, 4))
+    state = pruner.state_dict()
+    assert state["backbone"]["beta"][0].item() == pytest.approx(beta, rel=1e-6)
+
+
+def test_oneshot_dense_then_fixed_mask_and_resume() -> None:
+    m = model()
+    pruner = fs.make_pruner(m, "oneshot-nm", total_steps=6)  # prunes at step 3
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    for i in range(3):
+        assert pruner.sparsity_achieved() == 0.0
+        step(m, pruner, opt, i)
+    assert pruner.sparsity_achieved() == 0.5
+    mask = [mk.clone() for mk in pruner.backbone._masks]
+    state = copy.deepcopy(pruner.state_dict())
+    dense = copy.deepcopy(pruner.dense_state_dict())
+    for i in range(3, 6):
+        step(m, pruner, opt, i)
+    # the mask never moved although the weights did; pruned weights got no gradient
+    assert all(torch.equal(a, b) for a, b in zip(mask, pruner.backbone._masks))
+    for w, mk, saved in zip(pruner.weights(), mask, [dense["0.weight"], dense["2.weight"]]):
+        assert torch.equal(w.detach()[~mk], saved[~mk])
+    # resume: the mask comes back from the state
+    m2 = model(seed=9)
+    m2.load_state_dict(dense)
+    p2 = fs.Pruner.from_state_dict(m2, state)
+    assert all(torch.equal(a, b) for a, b in zip(mask, p2.backbone._masks))
+
+
+def test_hard_nm_equals_the_hard_operator() -> None:
+    m = model()
+    pruner = fs.make_pruner(m, "hard-nm")
+    w = pruner.weights()[0].detach()
+    assert torch.equal(m[0].weight, nm_threshold(w, "2:4", p=float("inf")))
