@@ -54,8 +54,11 @@ def test_errors_are_one_line_and_exit_1(
         cli.main(["-vv", *ARGV[command]])
 
 
-def test_train_help_lists_every_registered_choice(capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_help_lists_every_registered_choice(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The choices in ``train --help`` come from the registries, so they cannot drift."""
+    monkeypatch.setenv("COLUMNS", "10000")  # argparse would wrap inside hyphenated names
     with pytest.raises(SystemExit):
         cli.main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
