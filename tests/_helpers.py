@@ -1,12 +1,15 @@
-"""Helpers several test files share: one CPU thread, and the tiny 1-D convnet."""
+"""Helpers several test files share: one CPU thread, the tiny 1-D convnet, tiny training runs."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
+
+from feather_sparse.recipes import TrainConfig, load_config
 
 
 @contextmanager
@@ -35,3 +38,49 @@ def conv1d_net(seed: int = 0, hidden: int = 32) -> nn.Module:
         nn.ReLU(),
         nn.Linear(hidden, 4),
     )
+
+
+def tiny_run(train_size: int, test_size: int, eval_batch_size: int) -> dict[str, Any]:
+    """Recipe overrides for a tiny training run: the ``mnist1d`` default model at a
+    quarter of its width on ``train_size`` synthetic samples, batches of 64, 3 epochs."""
+    return {
+        "model_kwargs": {"width": 0.25},
+        "dataset": "synthetic-mnist1d",
+        "data_options": {"train_size": train_size, "test_size": test_size},
+        "batch_size": 64,
+        "eval_batch_size": eval_batch_size,
+        "epochs": 3,
+        "tensorboard": False,
+        "threads": 1,
+    }
+
+
+def tiny_config(settings: dict[str, Any], **overrides: Any) -> TrainConfig:
+    """The ``mnist1d`` recipe with ``settings`` (from :func:`tiny_run`), then ``overrides``."""
+    return load_config("mnist1d", {**settings, **overrides})
+
+
+def tiny_run_args(
+    train_size: int,
+    test_size: int,
+    *,
+    epochs: int | None = None,
+    eval_batch_size: int | None = None,
+    quarter_width: bool = True,
+) -> list[str]:
+    """``feather-sparse train`` arguments for a tiny run on synthetic MNIST-1D,
+    batches of 64; ``epochs`` and ``eval_batch_size`` are passed only when given."""
+    args = ["--model-kwargs", "{width = 0.25}"] if quarter_width else []
+    args += [
+        "--dataset",
+        "synthetic-mnist1d",
+        "--set",
+        f"data_options={{train_size = {train_size}, test_size = {test_size}}}",
+        "--batch-size",
+        "64",
+    ]
+    if eval_batch_size is not None:
+        args += ["--eval-batch-size", str(eval_batch_size)]
+    if epochs is not None:
+        args += ["--epochs", str(epochs)]
+    return [*args, "--no-tensorboard", "--no-progress", "--threads", "1"]

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import feather_sparse as fs
+from _helpers import tiny_run_args
 from feather_sparse.baselines import SpartanBackbone, st3_rescale
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -325,20 +326,7 @@ def test_spartan_forward_is_soft_masked_and_hard_projected() -> None:
 
 
 # ---------------------------------------------------------------- training CLI
-TINY_RUN = [
-    "--dataset",
-    "synthetic-mnist1d",
-    "--set",
-    "data_options={train_size = 256, test_size = 64}",
-    "--batch-size",
-    "64",
-    "--epochs",
-    "2",
-    "--no-tensorboard",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+TINY_RUN = tiny_run_args(train_size=256, test_size=64, epochs=2, quarter_width=False)
 
 
 def test_build_pruner_maps_methods_and_refuses_contradictions() -> None:

@@ -28,11 +28,12 @@ import pytest
 import torch
 
 from _guards import BEGIN, END, ROOT, guard
+from _helpers import tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli, integrity
 from feather_sparse.data import cache, mnist1d
 from feather_sparse.export import load_sparse
 from feather_sparse.integrity import DiskFullError, IntegrityError, NotWritableError
-from feather_sparse.recipes import TrainConfig, load_config
+from feather_sparse.recipes import TrainConfig
 from feather_sparse.train import (
     CHECKPOINT_FORMAT,
     TrainResult,
@@ -45,32 +46,8 @@ from feather_sparse.train import (
 
 # The default model at a quarter of its width on 256 synthetic samples: 4 steps
 # an epoch, 3 epochs, about a second a run.
-SMALL = {
-    "model_kwargs": {"width": 0.25},
-    "dataset": "synthetic-mnist1d",
-    "data_options": {"train_size": 256, "test_size": 64},
-    "batch_size": 64,
-    "eval_batch_size": 64,
-    "epochs": 3,
-    "tensorboard": False,
-    "threads": 1,
-}
-SMALL_ARGS = [
-    "--model-kwargs",
-    "{width = 0.25}",
-    "--dataset",
-    "synthetic-mnist1d",
-    "--set",
-    "data_options={train_size = 256, test_size = 64}",
-    "--batch-size",
-    "64",
-    "--eval-batch-size",
-    "64",
-    "--no-tensorboard",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+SMALL = tiny_run(train_size=256, test_size=64, eval_batch_size=64)
+SMALL_ARGS = tiny_run_args(train_size=256, test_size=64, eval_batch_size=64)
 
 # A child process running the CLI: SIGKILL after a delay (seconds, from the
 # start of training), or during the N-th atomic file write ("write:N", half of
@@ -95,7 +72,7 @@ sys.exit(cli.main(args))
 
 
 def small_config(**overrides: Any) -> TrainConfig:
-    return load_config("mnist1d", {**SMALL, **overrides})
+    return tiny_config(SMALL, **overrides)
 
 
 def run_child(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from _helpers import tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli
 from feather_sparse.methods import pruner_config
 from feather_sparse.nm import NMPattern, group_view
@@ -17,36 +18,12 @@ from feather_sparse.train import load_checkpoint, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SMALL = {
-    "model_kwargs": {"width": 0.25},
-    "dataset": "synthetic-mnist1d",
-    "data_options": {"train_size": 512, "test_size": 128},
-    "batch_size": 64,
-    "eval_batch_size": 128,
-    "epochs": 3,
-    "tensorboard": False,
-    "threads": 1,
-}
-SMALL_ARGS = [
-    "--model-kwargs",
-    "{width = 0.25}",
-    "--dataset",
-    "synthetic-mnist1d",
-    "--set",
-    "data_options={train_size = 512, test_size = 128}",
-    "--batch-size",
-    "64",
-    "--epochs",
-    "2",
-    "--no-tensorboard",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+SMALL = tiny_run(train_size=512, test_size=128, eval_batch_size=128)
+SMALL_ARGS = tiny_run_args(train_size=512, test_size=128, epochs=2)
 
 
 def small_config(**overrides: Any) -> TrainConfig:
-    return load_config("mnist1d", {**SMALL, **overrides})
+    return tiny_config(SMALL, **overrides)
 
 
 def test_pattern_field_sets_the_sparsity_and_reaches_the_pruner_config() -> None:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
+from _helpers import tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli
 from feather_sparse.methods import pruner_config
 from feather_sparse.recipes import TrainConfig, list_recipes, load_config, load_recipe
@@ -35,36 +36,12 @@ from feather_sparse.train import (
 
 # A few hundred synthetic samples: 8 steps of 64 per epoch, the default model
 # at a quarter of its width.
-SMALL = {
-    "model_kwargs": {"width": 0.25},
-    "dataset": "synthetic-mnist1d",
-    "data_options": {"train_size": 512, "test_size": 128},
-    "batch_size": 64,
-    "eval_batch_size": 128,
-    "epochs": 3,
-    "tensorboard": False,
-    "threads": 1,
-}
-SMALL_ARGS = [
-    "--model-kwargs",
-    "{width = 0.25}",
-    "--dataset",
-    "synthetic-mnist1d",
-    "--set",
-    "data_options={train_size = 512, test_size = 128}",
-    "--batch-size",
-    "64",
-    "--epochs",
-    "3",
-    "--no-tensorboard",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+SMALL = tiny_run(train_size=512, test_size=128, eval_batch_size=128)
+SMALL_ARGS = tiny_run_args(train_size=512, test_size=128, epochs=3)
 
 
 def small_config(**overrides: Any) -> TrainConfig:
-    return load_config("mnist1d", {**SMALL, **overrides})
+    return tiny_config(SMALL, **overrides)
 
 
 def model_file(run_dir: Path) -> Path:
