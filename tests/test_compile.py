@@ -19,6 +19,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import feather_sparse as fs
 from _helpers import conv1d_net
+from _training import sgd_run
 
 STEPS = 6
 
@@ -28,29 +29,11 @@ def _train(backend: str | None, theta: float = 0.5) -> dict[str, Any]:
     torch._dynamo.reset()
     model = conv1d_net()
     pruner = fs.Pruner(model, sparsity=0.8, total_steps=STEPS, theta=theta)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    counter = CompileCounterWithBackend(backend) if backend else None
-    forward = torch.compile(model, backend=counter, fullgraph=True) if counter else model
-    g = torch.Generator().manual_seed(1)
-    losses, thresholds = [], []
-    # A recompilation inside this block raises instead of silently happening.
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        for _ in range(STEPS):
-            x, y = torch.randn(16, 2, 16, generator=g), torch.randint(0, 4, (16,), generator=g)
-            loss = nn.functional.cross_entropy(forward(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            pruner.step()
-            losses.append(loss.detach())
-            thresholds.append(pruner.thresholds()[0].clone())
-    return {
-        "losses": torch.stack(losses),
-        "thresholds": torch.stack(thresholds),
-        "weights": [w.detach().clone() for w in pruner.weights()],
-        "frames": counter.frame_count if counter else 0,
-        "achieved": pruner.sparsity_achieved(),
-    }
+    thresholds: list[Tensor] = []
+    run = sgd_run(
+        model, pruner, STEPS, backend, lambda: thresholds.append(pruner.thresholds()[0].clone())
+    )
+    return {**run, "thresholds": torch.stack(thresholds)}
 
 
 def _assert_same_training(eager: dict[str, Any], compiled: dict[str, Any]) -> None:

@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch._dynamo
 from torch import nn
-from torch._dynamo.testing import CompileCounterWithBackend
 
 import feather_sparse as fs
+from _training import sgd_run
 
 STEPS = 6
 
@@ -42,26 +42,7 @@ def _train(backend: str | None, p: float, theta: float, method: str | None) -> d
         )
     else:
         pruner = fs.make_pruner(model, method)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    counter = CompileCounterWithBackend(backend) if backend else None
-    forward = torch.compile(model, backend=counter, fullgraph=True) if counter else model
-    g = torch.Generator().manual_seed(1)
-    losses = []
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        for _ in range(STEPS):
-            x, y = torch.randn(16, 2, 16, generator=g), torch.randint(0, 4, (16,), generator=g)
-            loss = nn.functional.cross_entropy(forward(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            pruner.step()
-            losses.append(loss.detach())
-    return {
-        "losses": torch.stack(losses),
-        "weights": [w.detach().clone() for w in pruner.weights()],
-        "frames": counter.frame_count if counter else 0,
-        "achieved": pruner.sparsity_achieved(),
-    }
+    return sgd_run(model, pruner, STEPS, backend)
 
 
 @pytest.mark.parametrize(
