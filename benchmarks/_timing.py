@@ -1,4 +1,4 @@
-"""Side-by-side timing for the benchmark scripts.
+"""Side-by-side timing for the benchmark scripts, and the training step they time.
 
 The machine is shared and noisy, so absolute times drift; what the scripts
 report are ratios of medians measured in one run, with the candidates
@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import feather_sparse
 
@@ -31,6 +33,24 @@ def compare(
             fn()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def train_step(
+    model: nn.Module, pruner: feather_sparse.Pruner | None, x: torch.Tensor, y: torch.Tensor
+) -> Callable[[], None]:
+    """One timed training step on a fixed batch: forward, cross-entropy, backward, SGD
+    (momentum 0.9), then ``pruner.step()`` unless ``pruner`` is None (the dense baseline)."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if pruner is not None:
+            pruner.step()
+
+    return step
 
 
 def machine() -> str:

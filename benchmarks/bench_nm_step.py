@@ -15,11 +15,10 @@ import argparse
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import feather_sparse as fs
-from _timing import compare, machine
+from _timing import compare, machine, train_step
 
 BATCH = 128
 #: Layers of each model that an N:M pattern cannot take (reduction dim not a multiple of 4).
@@ -30,17 +29,7 @@ def make_step(model: nn.Module, pruner: fs.Pruner | None) -> Callable[[], None]:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(BATCH, 1, 40, generator=g)
     y = torch.randint(0, 10, (BATCH,), generator=g)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
-    def step() -> None:
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if pruner is not None:
-            pruner.step()
-
-    return step
+    return train_step(model, pruner, x, y)
 
 
 def variants(name: str) -> dict[str, Callable[[], None]]:

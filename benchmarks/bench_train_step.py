@@ -16,11 +16,10 @@ import argparse
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import feather_sparse as fs
-from _timing import compare, machine
+from _timing import compare, machine, train_step
 
 
 class SortEveryStep(fs.Backbone):
@@ -64,22 +63,6 @@ def setup(name: str) -> tuple[Callable[[], nn.Module], torch.Tensor, torch.Tenso
     raise ValueError(f"unknown model {name!r}; choose resnet20 or mlp50m")
 
 
-def make_step(
-    model: nn.Module, pruner: fs.Pruner | None, x: torch.Tensor, y: torch.Tensor
-) -> Callable[[], None]:
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
-    def step() -> None:
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if pruner is not None:
-            pruner.step()
-
-    return step
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", nargs="+", default=["resnet20", "mlp50m"])
@@ -97,7 +80,7 @@ def main() -> None:
         build, x, y = setup(name)
         steps: dict[str, Callable[[], None]] = {}
         torch.manual_seed(0)
-        steps["dense"] = make_step(build(), None, x, y)
+        steps["dense"] = train_step(build(), None, x, y)
         for label, theta, backbone in (
             ("theta1", 1.0, "global"),
             ("theta05", 0.5, "global"),
@@ -115,7 +98,7 @@ def main() -> None:
                 backbone=backbone,
                 schedule="constant",
             )
-            steps[label] = make_step(model, pruner, x, y)
+            steps[label] = train_step(model, pruner, x, y)
         times = compare(steps, repeats=args.repeats, warmup=1)
         n = sum(
             p.numel()
