@@ -206,35 +206,9 @@ class Pruner:
         model: any ``nn.Module``; its prunable weights get a parametrization,
             nothing else changes (the modules, their forward, the parameters the
             optimizer holds).
-        sparsity: final target sparsity ``S`` in ``[0, 1)``, over all prunable weights
-            (implied by ``pattern``; required otherwise).
         total_steps: number of :meth:`step` calls in the whole training
             (``epochs × batches per epoch``); the schedule is laid out on it.
             May be left out with an N:M ``pattern`` applied from the first step.
-        operator: ``"feather"`` (p = 3, default), ``"soft"`` (p = 1),
-            ``"hard"`` (p = inf), or an :class:`~feather_sparse.ops.Operator`.
-        p: the operator's power in ``[1, inf]``, overriding ``operator``'s
-            (Feather family only; :mod:`feather_sparse.rules` says why not below 1).
-        theta: gradient scale of pruned weights in ``[0, 1]``, or ``"auto"``
-            (the paper's rule, see :func:`auto_theta`).
-        theta_rule: boundary of the auto rule: ``"paper"`` (S ≥ 0.95) or
-            ``"released"`` (S > 0.95, the authors' code).
-        backbone: ``"global"`` (one threshold, the paper's main backbone), another
-            registered name, or a :class:`~feather_sparse.backbones.Backbone`.
-        schedule: a :class:`~feather_sparse.schedules.Schedule` (default
-            ``CubicSchedule(start=0, end=0.5)``), a registered name, or any
-            callable ``step -> sparsity``.
-        update_every: recompute thresholds every this many steps (1 = every
-            step, as in the paper).
-        include: layer types to prune, and/or module names / ``"re:"`` patterns.
-        exclude: module names (a name also excludes its children) or
-            ``"re:<regex>"`` patterns (full match) never to prune.
-        min_params: skip weights with fewer elements.
-        max_layer_sparsity: layer-collapse guard, off (``None``) by default as in
-            the paper: cap each layer's threshold so that at most this fraction of
-            the layer is pruned. With the guard active the overall sparsity can
-            fall below the target (the capped layers keep more weights).
-        check_finite: raise at :meth:`step` if a weight holds NaN or inf.
         process_group: for *sharded* weights only — the ``torch.distributed``
             group the prunable weights are sharded over. When the weights are
             DTensors (FSDP2 ``fully_shard``) each rank selects
@@ -243,16 +217,14 @@ class Pruner:
             weights; ``None`` takes the group from the weights' device mesh.
             Plain (replicated) weights, as under DDP, never use it: every rank
             computes the identical threshold locally, with no communication.
-        pattern: ``"N:M"`` (e.g. ``"2:4"``) for N:M sparsity with Feather's
-            per-group thresholds (:mod:`feather_sparse.nm`): implies
-            ``sparsity = (M − N)/M`` and the N:M backbone; ``schedule``
-            decides how the pattern is reached (default: from the first
-            step).
 
-    The settings (all but ``model``, ``total_steps`` and ``process_group``)
-    make a :class:`~feather_sparse.pruner_config.PrunerConfig`, which checks
-    them; it is kept as ``pruner.pruner_config``, and :meth:`from_config`
-    takes one directly.
+    The other arguments are the settings (``sparsity``, ``operator``, ``p``,
+    ``theta``, ``theta_rule``, ``backbone``, ``schedule``, ``update_every``,
+    ``include``, ``exclude``, ``min_params``, ``max_layer_sparsity``,
+    ``check_finite``, ``pattern``): each is documented once, as the field of
+    the same name of :class:`~feather_sparse.pruner_config.PrunerConfig`.
+    They make a ``PrunerConfig``, which checks them; it is kept as
+    ``pruner.pruner_config``, and :meth:`from_config` takes one directly.
 
     Raises:
         ValueError: for invalid arguments, a model with no prunable layer, or a

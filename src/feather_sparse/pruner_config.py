@@ -116,8 +116,8 @@ class PrunerConfig:
             (the paper's rule, see :func:`auto_theta`).
         theta_rule: boundary of the auto rule: ``"paper"`` (S ≥ 0.95) or
             ``"released"`` (S > 0.95, the authors' code).
-        backbone: ``"global"`` (the paper's main backbone), another registered
-            name, ``{"name": ..., **options}``, or a
+        backbone: ``"global"`` (one threshold, the paper's main backbone),
+            another registered name, ``{"name": ..., **options}``, or a
             :class:`~feather_sparse.backbones.Backbone`.
         schedule: a :class:`~feather_sparse.schedules.Schedule` (default
             ``CubicSchedule(start=0, end=0.5)``), a registered name,
@@ -130,11 +130,13 @@ class PrunerConfig:
         min_params: skip weights with fewer elements.
         max_layer_sparsity: layer-collapse guard, off (``None``) by default as in
             the paper: cap each layer's threshold so that at most this fraction of
-            the layer is pruned.
+            the layer is pruned. With the guard active the overall sparsity can
+            fall below the target (the capped layers keep more weights).
         check_finite: raise at ``step()`` if a weight holds NaN or inf.
-        pattern: ``"N:M"`` (``"2:4"``, ``"4:8"``, …) for N:M sparsity, or
-            ``None`` (unstructured). It implies ``sparsity`` (given as well, it
-            must agree), the backbone ``{"name": "nm", "pattern": ...}``
+        pattern: ``"N:M"`` (``"2:4"``, ``"4:8"``, …) for N:M sparsity with
+            Feather's per-group thresholds (:mod:`feather_sparse.nm`), or
+            ``None`` (unstructured). It implies ``sparsity = (M − N)/M`` (given
+            as well, it must agree), the backbone ``{"name": "nm", "pattern": ...}``
             (``"global"``, the default, or ``"nm"`` become it; another is an
             error) and, unless ``schedule`` is given, the full pattern from
             the first step. Stored as its string. An ``"nm"`` backbone given
