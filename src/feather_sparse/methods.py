@@ -189,6 +189,30 @@ class Method:
         return Pruner(model, sparsity, total_steps, **self.pruner_kwargs(**kwargs))
 
 
+def _nm_method(
+    name: str,
+    summary: str,
+    reference: str,
+    *,
+    operator: str,
+    theta: float,
+    backbone: dict[str, Any],
+    **defaults: Any,
+) -> Method:
+    """A method defined by its operator and θ on the ``"nm"`` backbone.
+
+    Its defaults are the 2:4 pattern, the backbone with the options
+    ``backbone``, then ``defaults``.
+    """
+    return Method(
+        name,
+        summary,
+        reference,
+        fixed={"operator": operator, "theta": theta, "backbone": "nm"},
+        defaults={"pattern": DEFAULT_PATTERN, "backbone": {"name": "nm", **backbone}, **defaults},
+    )
+
+
 METHODS: Registry[Method] = Registry("method")
 METHODS.register(
     "feather",
@@ -291,40 +315,37 @@ METHODS.register(
 )
 METHODS.register(
     "sr-ste",
-    Method(
+    _nm_method(
         "sr-ste",
         "SR-STE: hard N:M mask, STE, sparse-refined decay λ·(1 − mask)⊙w added to the gradient",
         "Zhou et al., ICLR 2021, arXiv:2102.04010",
-        fixed={"operator": "hard", "theta": 1.0, "backbone": "nm"},
-        defaults={
-            "pattern": DEFAULT_PATTERN,
-            "backbone": {"name": "nm", "decay": SR_STE_DECAY},
-        },
+        operator="hard",
+        theta=1.0,
+        backbone={"decay": SR_STE_DECAY},
     ),
 )
 METHODS.register(
     "s-ste",
-    Method(
+    _nm_method(
         "s-ste",
         "S-STE: per-group soft threshold (p = 1), fixed per-tensor rescaling β, plain STE",
         "Hu, Zhu & Chen, NeurIPS 2024, arXiv:2409.09099",
-        fixed={"operator": "soft", "theta": 1.0, "backbone": "nm"},
-        defaults={"pattern": DEFAULT_PATTERN, "backbone": {"name": "nm", "rescale": True}},
+        operator="soft",
+        theta=1.0,
+        backbone={"rescale": True},
     ),
 )
 METHODS.register(
     "oneshot-nm",
-    Method(
+    _nm_method(
         "oneshot-nm",
         "one-shot magnitude N:M at schedule.start (default half-way), then fine-tuning with "
         "the mask fixed",
         "Mishra et al. 2021, arXiv:2104.08378 (ASP: prune once, fine-tune with a fixed mask)",
-        fixed={"operator": "hard", "theta": 0.0, "backbone": "nm"},
-        defaults={
-            "pattern": DEFAULT_PATTERN,
-            "backbone": {"name": "nm", "freeze": True},
-            "schedule": {"name": "constant", "start": ONESHOT_START},
-        },
+        operator="hard",
+        theta=0.0,
+        backbone={"freeze": True},
+        schedule={"name": "constant", "start": ONESHOT_START},
     ),
 )
 
