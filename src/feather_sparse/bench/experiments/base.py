@@ -93,6 +93,25 @@ def paired_section(
     return paired_caption(reference_name) + grid.paired_table(row_title, pct, reference) + "\n\n"
 
 
+def accuracy_tables(
+    grid: Grid,
+    row_title: str,
+    reference: str | Callable[[float], str | None],
+    reference_name: str,
+) -> str:
+    """``grid``'s table, then its :func:`paired_section` against ``reference``.
+
+    The paired section is left out when ``reference`` names a row that
+    ``grid`` does not have (the reference run was not selected).
+    """
+    paired = callable(reference) or reference in grid.rows
+    return (
+        grid.table(row_title, pct)
+        + "\n\n"
+        + (paired_section(grid, row_title, reference, reference_name) if paired else "")
+    )
+
+
 def dense_line(ctx: Context) -> str:
     """The dense model's accuracy as a sentence above a table ("" without dense runs)."""
     dense = [o for _, o in ctx.of_group(DENSE) if o.ok]

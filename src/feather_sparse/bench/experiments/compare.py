@@ -9,11 +9,11 @@ from feather_sparse.bench.experiments.base import (
     PAPER_SPARSITIES,
     Experiment,
     accuracy,
+    accuracy_tables,
     accuracy_vs_sparsity_plot,
     cells,
     dense_line,
     dense_runs,
-    paired_section,
 )
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img, pct
@@ -65,9 +65,7 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         "Top-1 test accuracy (%) after training, mean ± std over seeds; the best mean "
         "per column is in bold.\n\n"
         + dense_line(ctx)
-        + acc.table("method", pct)
-        + "\n\n"
-        + (paired_section(acc, "method", REFERENCE, REFERENCE) if REFERENCE in rows else "")
+        + accuracy_tables(acc, "method", REFERENCE, REFERENCE)
         + img(fig, "accuracy vs sparsity")
         + "\nAchieved sparsity (%) of the pruned layers after `finalize()`:\n\n"
         + achieved.table("method", pct, fmt="{:.2f}", best=None)

@@ -9,12 +9,12 @@ from feather_sparse.bench.experiments.base import (
     PAPER_SPARSITIES,
     Experiment,
     accuracy,
+    accuracy_tables,
     accuracy_vs_sparsity_plot,
     cells,
-    paired_section,
 )
 from feather_sparse.bench.options import BenchOptions
-from feather_sparse.bench.pages import Context, Grid, img, pct
+from feather_sparse.bench.pages import Context, Grid, img
 from feather_sparse.bench.runner import RunSpec
 
 __all__ = ["EXPERIMENT", "OPERATOR_ROWS"]
@@ -41,9 +41,7 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
     body = (
         "Thresholding operator ablation, no gradient scaling (θ = 1 for all), global "
         "backbone. Top-1 accuracy (%), mean ± std over seeds; best per column in bold.\n\n"
-        + acc.table("operator", pct)
-        + "\n\n"
-        + paired_section(acc, "operator", REFERENCE, f"the {REFERENCE} operator")
+        + accuracy_tables(acc, "operator", REFERENCE, f"the {REFERENCE} operator")
         + img(fig, "accuracy vs sparsity per operator")
     )
     return body, [fig]

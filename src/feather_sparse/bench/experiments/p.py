@@ -9,12 +9,12 @@ from feather_sparse.bench.experiments.base import (
     PAPER_SPARSITIES,
     Experiment,
     accuracy,
+    accuracy_tables,
     accuracy_vs_sparsity_plot,
     cells,
-    paired_section,
 )
 from feather_sparse.bench.options import BenchOptions
-from feather_sparse.bench.pages import Context, Grid, img, pct
+from feather_sparse.bench.pages import Context, Grid, img
 from feather_sparse.bench.runner import RunSpec
 from feather_sparse.plots import plot_operator_family
 
@@ -51,13 +51,7 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         "The power p of the thresholding family (p = 1 soft, p = ∞ hard), θ automatic "
         "(the paper's rule), global backbone. Top-1 accuracy (%), mean ± std over seeds; "
         "best per column in bold.\n\n"
-        + acc.table("p", pct)
-        + "\n\n"
-        + (
-            paired_section(acc, "p", _p_label(3.0), "Feather's p = 3")
-            if 3.0 in _ps(ctx.opts)
-            else ""
-        )
+        + accuracy_tables(acc, "p", _p_label(3.0), "Feather's p = 3")
         + img(fig, "accuracy vs sparsity per p")
         + "\nThe operators (paper Fig. 1b), T = 1:\n\n"
         + img(family, "the thresholding family")

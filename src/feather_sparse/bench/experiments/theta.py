@@ -9,14 +9,14 @@ from feather_sparse.bench.experiments.base import (
     PAPER_THETAS,
     Experiment,
     accuracy,
+    accuracy_tables,
     cells,
-    paired_section,
     panels_over_theta,
     theta_label,
     thetas,
 )
 from feather_sparse.bench.options import BenchOptions
-from feather_sparse.bench.pages import Context, Grid, img, pct
+from feather_sparse.bench.pages import Context, Grid, img
 from feather_sparse.bench.runner import RunSpec
 from feather_sparse.plots import plot_panels
 from feather_sparse.pruner import auto_theta
@@ -58,9 +58,7 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         "Feather operator (p = 3), global backbone. Top-1 accuracy (%), mean ± std over "
         "seeds; the best θ per sparsity in bold. The paper's automatic rule picks θ = 1 "
         "below 95 % and θ = 0.5 from 95 % on.\n\n"
-        + acc.table("θ", pct)
-        + "\n\n"
-        + paired_section(acc, "θ", auto_row, AUTO_NAME)
+        + accuracy_tables(acc, "θ", auto_row, AUTO_NAME)
         + img(fig, "accuracy vs theta")
     )
     return body, [fig]
