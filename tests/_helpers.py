@@ -1,15 +1,19 @@
-"""Helpers several test files share: one CPU thread, the tiny 1-D convnet, tiny training runs."""
+"""Helpers several test files share: one CPU thread, the tiny 1-D convnet, tiny training runs
+and their resumption."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from feather_sparse import cli
 from feather_sparse.recipes import TrainConfig, load_config
+from feather_sparse.train import TrainResult, load_checkpoint, train
 
 
 @contextmanager
@@ -84,3 +88,20 @@ def tiny_run_args(
     if epochs is not None:
         args += ["--epochs", str(epochs)]
     return [*args, "--no-tensorboard", "--no-progress", "--threads", "1"]
+
+
+def straight_and_resumed(
+    config: TrainConfig, root: Path
+) -> tuple[TrainResult, TrainResult, dict[str, Any], dict[str, Any]]:
+    """Train ``config`` straight into ``root / "straight"``; train it again into
+    ``root / "resumed"``, stopped after 2 epochs and finished by ``train --resume``.
+
+    Returns:
+        The straight run's result, the stopped run's result, and the final
+        checkpoints of the straight run and of the resumed one.
+    """
+    straight = train(config, root / "straight", progress=False)
+    run = root / "resumed"
+    half = train(config, run, stop_after_epoch=2, progress=False)
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    return straight, half, load_checkpoint(root / "straight"), load_checkpoint(run)

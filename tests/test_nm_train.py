@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-from _helpers import tiny_config, tiny_run, tiny_run_args
+from _helpers import straight_and_resumed, tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli
 from feather_sparse.methods import pruner_config
 from feather_sparse.nm import NMPattern, group_view
 from feather_sparse.recipes import TrainConfig, load_config
-from feather_sparse.train import load_checkpoint, train
+from feather_sparse.train import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -83,14 +83,8 @@ def test_cli_trains_an_nm_model_end_to_end(
 @pytest.mark.parametrize("method", ["feather-nm", "oneshot-nm"])
 def test_nm_resume_is_bit_identical_to_a_straight_run(tmp_path: Path, method: str) -> None:
     cfg = small_config(epochs=4, pattern="2:4", method=method)
-    train(cfg, tmp_path / "straight", progress=False)
-    run = tmp_path / "resumed"
-    half = train(cfg, run, stop_after_epoch=2, progress=False)
+    _, half, a, b = straight_and_resumed(cfg, tmp_path)
     assert not half.completed and half.epochs == 2
-    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
-
-    a = load_checkpoint(tmp_path / "straight")
-    b = load_checkpoint(run)
     assert a["step"] == b["step"] == 32
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
@@ -100,7 +94,7 @@ def test_nm_resume_is_bit_identical_to_a_straight_run(tmp_path: Path, method: st
         assert torch.equal(x, y)
     rows = [
         [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
-        for d in (tmp_path / "straight", run)
+        for d in (tmp_path / "straight", tmp_path / "resumed")
     ]
     for row in rows[0] + rows[1]:
         row.pop("epoch_time", None)

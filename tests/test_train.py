@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
-from _helpers import tiny_config, tiny_run, tiny_run_args
+from _helpers import straight_and_resumed, tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli
 from feather_sparse.methods import pruner_config
 from feather_sparse.recipes import TrainConfig, list_recipes, load_config, load_recipe
@@ -231,16 +231,9 @@ def test_cli_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 # ------------------------------------------------------------------- resume
 def test_resume_is_bit_identical_to_a_straight_run(tmp_path: Path) -> None:
-    straight = train(small_config(epochs=4), tmp_path / "straight", progress=False)
-
-    # The same run stopped after 2 epochs, then continued from the command line.
-    run = tmp_path / "resumed"
-    half = train(small_config(epochs=4), run, stop_after_epoch=2, progress=False)
+    # Once straight, once stopped after 2 epochs and continued from the command line.
+    straight, half, a, b = straight_and_resumed(small_config(epochs=4), tmp_path)
     assert not half.completed and half.epochs == 2 and half.model_path is None
-    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
-
-    a = load_checkpoint(tmp_path / "straight")
-    b = load_checkpoint(run)
     assert a["step"] == b["step"] == 32
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
@@ -250,7 +243,7 @@ def test_resume_is_bit_identical_to_a_straight_run(tmp_path: Path) -> None:
         momentum = b["optimizer"]["state"][key]["momentum_buffer"]
         assert torch.equal(state["momentum_buffer"], momentum)
     # The finalized models and the metrics agree too.
-    rows_a, rows_b = read_metrics(tmp_path / "straight"), read_metrics(run)
+    rows_a, rows_b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
     for row in rows_a + rows_b:
         row.pop("epoch_time", None)
     assert rows_a == rows_b
