@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from feather_sparse.experiments import (
     run_experiment,
     run_key,
 )
+from feather_sparse.integrity import read_sealed_json
 
 pytest.importorskip("matplotlib")
 
@@ -100,6 +102,14 @@ def test_runs_are_cached_forced_and_failures_reported(
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in rows if "test_acc" in r] == rows[-1:] and rows[-1]["final"]
     assert json.loads((run_dir / "result.json").read_text())["test_acc_history"] == []
+    # The stored outcome is sealed; a changed one counts as not stored: the run is repeated.
+    assert "sha256" in json.loads((run_dir / "result.json").read_text())
+    assert read_sealed_json(run_dir / "result.json")["ok"] is True
+    text = (run_dir / "result.json").read_text()
+    edited = re.sub(r'"test_accuracy": [0-9.e-]+', '"test_accuracy": 0.999', text)
+    assert edited != text
+    (run_dir / "result.json").write_text(edited)
+    assert run_experiment("stability", opts).trained == 1
     forced = replace(opts, force=True)
     assert run_experiment("stability", forced).trained == 1
 

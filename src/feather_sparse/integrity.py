@@ -21,6 +21,13 @@ file (``torch.load`` and ``numpy.load`` among them), and any change to it fails
 digest; a change to the length field or the comment, or a truncation, leaves
 no well-formed seal at the end. An archive that ends in an empty comment was
 written before seals existed: readable, but it cannot be verified.
+
+**JSON files** (a run folder's ``config.json``, a bench run's ``result.json``)
+carry their seal as a top-level ``"sha256"`` field: the SHA-256 of the
+canonical JSON of the rest (keys sorted, no spaces), so the file stays
+readable and any reformatting that keeps the values keeps the seal valid.
+:func:`write_sealed_json` writes one, :func:`read_sealed_json` checks it; a
+file without the field was written before seals and is read unverified.
 """
 
 from __future__ import annotations
@@ -29,22 +36,28 @@ import contextlib
 import errno
 import glob
 import hashlib
+import json
 import logging
 import os
 import shutil
 import struct
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 __all__ = [
+    "JSON_SEAL_KEY",
     "SEAL_PREFIX",
     "DiskFullError",
     "IntegrityError",
     "NotWritableError",
     "check_zip_seal",
+    "read_sealed_json",
     "remove_stale_temps",
     "seal_zip",
     "write_atomic",
+    "write_sealed_json",
 ]
 
 #: What a sealed archive's comment starts with; 64 hex digits follow.
@@ -52,6 +65,8 @@ SEAL_PREFIX = b"feather-sparse sha256 "
 _SEAL_SIZE = len(SEAL_PREFIX) + 64
 _EOCD_SIGNATURE = b"PK\x05\x06"  # end-of-central-directory record, 22 bytes + comment
 _EOCD_SIZE = 22
+#: The top-level field of a sealed JSON file that holds its SHA-256.
+JSON_SEAL_KEY = "sha256"
 _DISK_FULL = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
 _NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
@@ -114,6 +129,69 @@ def check_zip_seal(data: bytes | memoryview, name: str | os.PathLike[str]) -> bo
     raise IntegrityError(
         f"{name}: it does not end in a checksum (truncated, damaged, or not a feather-sparse file)"
     )
+
+
+def _json_digest(payload: Mapping[str, Any]) -> str:
+    """The SHA-256 of ``payload``'s canonical JSON (sorted keys, no spaces)."""
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def write_sealed_json(
+    path: str | os.PathLike[str], payload: Mapping[str, Any], *, indent: int = 2
+) -> None:
+    """Write ``payload`` as readable JSON with its SHA-256 in a ``"sha256"`` field, atomically.
+
+    Values JSON cannot hold become strings (``str``), as they read back.
+
+    Raises:
+        ValueError: when ``payload`` already has a ``"sha256"`` field.
+        DiskFullError, NotWritableError, OSError: as :func:`write_atomic`.
+    """
+    if JSON_SEAL_KEY in payload:
+        raise ValueError(
+            f"write_sealed_json: the payload for {path} already has a {JSON_SEAL_KEY!r} field; "
+            "that name is reserved for the checksum, rename the field"
+        )
+    plain: dict[str, Any] = json.loads(json.dumps(dict(payload), default=str))
+    plain[JSON_SEAL_KEY] = _json_digest(plain)
+    write_atomic(path, (json.dumps(plain, indent=indent) + "\n").encode("utf-8"))
+
+
+def read_sealed_json(
+    path: str | os.PathLike[str], *, remedy: str = "write it again"
+) -> dict[str, Any]:
+    """The JSON object in ``path`` without its ``"sha256"`` field, checked against that field.
+
+    A file without the field was written before seals: it is read as it is
+    (logged at debug level).
+
+    Args:
+        path: the file.
+        remedy: what to do about a damaged file, for the error message.
+
+    Raises:
+        IntegrityError: the file is not a JSON object, or its SHA-256 does not
+            match the one stored in it.
+        OSError: the file cannot be read.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise IntegrityError(f"{path}: not valid JSON ({err}); {remedy}") from err
+    if not isinstance(data, dict):
+        raise IntegrityError(f"{path}: not a JSON object (damaged); {remedy}")
+    if JSON_SEAL_KEY not in data:
+        logger.debug("%s has no checksum (written before checksums); read unverified", path)
+        return data
+    stored = data.pop(JSON_SEAL_KEY)
+    if stored != _json_digest(data):
+        raise IntegrityError(
+            f"{path}: its SHA-256 does not match the one stored in it (the file was changed); "
+            f"{remedy}"
+        )
+    return data
 
 
 # ================================================================ atomic writes

@@ -30,9 +30,11 @@ from feather_sparse._version import __version__
 from feather_sparse.analysis import MaskStabilityRecorder, count_flops, layer_sparsity
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.data import DATASETS, load_dataset
+from feather_sparse.integrity import read_sealed_json, write_sealed_json
 from feather_sparse.methods import METHODS, pruner_config
 from feather_sparse.models import create_model, list_models
 from feather_sparse.recipes import TrainConfig, load_config
+from feather_sparse.train.run_dir import read_run_info
 
 __all__ = [
     "OUTCOME_FORMAT",
@@ -214,12 +216,16 @@ def run_key(config: Mapping[str, Any]) -> str:
 
 
 def load_outcome(run_dir: Path) -> RunOutcome | None:
-    """The stored outcome of a run folder; None if it has none (or an unreadable one)."""
+    """The stored outcome of a run folder; None if it has none (or an unreadable one).
+
+    A ``result.json`` whose checksum does not match counts as unreadable: the
+    run is repeated. One written before checksums is read as it is.
+    """
     file = run_dir / "result.json"
     if not file.is_file():
         return None
     try:
-        return RunOutcome.from_json(json.loads(file.read_text()))
+        return RunOutcome.from_json(read_sealed_json(file))
     except (ValueError, TypeError, KeyError) as err:
         logger.warning("ignoring unreadable %s (%s): the run is repeated", file, err)
         return None
@@ -247,7 +253,7 @@ def _execute(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
         cfg = TrainConfig.from_dict(config)
         recorder = MaskStabilityRecorder(key)
         result = training.train(cfg, path, callbacks=[recorder], progress=False)
-        info = json.loads((path / "config.json").read_text())
+        info = read_run_info(path)
         input_shape = tuple(info["data"]["input_shape"])
         flops = count_flops(result.model.cpu(), input_shape)
         stability = recorder.result()
@@ -286,7 +292,7 @@ def _execute(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
         package_logger.propagate = propagate
     path.mkdir(parents=True, exist_ok=True)
     data = outcome.to_json()
-    (path / "result.json").write_text(json.dumps(data, indent=1) + "\n")
+    write_sealed_json(path / "result.json", data, indent=1)
     return data
 
 

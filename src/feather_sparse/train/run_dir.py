@@ -3,6 +3,7 @@
 The run folder::
 
     RUN_DIR/config.json          resolved config, model spec {"name", "kwargs"}, data facts
+                                 (sealed with its SHA-256; :func:`read_run_info` checks it)
     RUN_DIR/train.log            the log of every (resumed) session
     RUN_DIR/metrics.jsonl        one JSON object per epoch (with test metrics if tested), then final
     RUN_DIR/checkpoints/last.pt  written atomically every epoch
@@ -31,7 +32,14 @@ from torch import nn
 
 from feather_sparse import models
 from feather_sparse.export import load_sparse, save_sparse
-from feather_sparse.integrity import NotWritableError, check_zip_seal, seal_zip, write_atomic
+from feather_sparse.integrity import (
+    NotWritableError,
+    check_zip_seal,
+    read_sealed_json,
+    seal_zip,
+    write_atomic,
+    write_sealed_json,
+)
 from feather_sparse.recipes import TrainConfig
 from feather_sparse.run_files import CHECKPOINTS_DIR, MODEL_NAME, PLAIN_MODEL_NAME
 
@@ -66,8 +74,22 @@ def _write_text(path: Path, text: str) -> None:
     write_atomic(path, text.encode("utf-8"))
 
 
-def _write_json(path: Path, payload: Any) -> None:
-    _write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    """``path`` replaced atomically by ``payload`` as JSON, sealed with its SHA-256."""
+    write_sealed_json(path, payload, indent=2)
+
+
+def read_run_info(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """A run folder's ``config.json``, its checksum verified.
+
+    Raises:
+        IntegrityError: the file was changed or damaged since the run wrote it.
+        OSError: it cannot be read (missing, say).
+    """
+    return read_sealed_json(
+        Path(run_dir) / "config.json",
+        remedy="it is not what the run wrote; restore it from a copy, or train the run again",
+    )
 
 
 @contextlib.contextmanager
