@@ -7,6 +7,7 @@ Times, dates and run-folder names are masked; every number the model produces
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -64,7 +65,5 @@ def test_readme_transcript_matches_the_main_job(tmp_path: Path) -> None:
 
 
 def _python_env() -> dict[str, str]:
-    import os
-
     keep = ("HOME", "PATH", "PYTHONPATH", "VIRTUAL_ENV", "XDG_CACHE_HOME")
     return {k: os.environ[k] for k in keep if k in os.environ}
