@@ -176,6 +176,9 @@ class Backbone:
         is baked, so that an error leaves the Pruner attached.
         """
 
+    def release(self) -> None:
+        """Drop memory kept between forwards (on ``finalize``/``remove``); default nothing."""
+
     def parameters(self) -> list[nn.Parameter]:
         """Trainable parameters of the backbone (give them to an optimizer); none by default."""
         return []

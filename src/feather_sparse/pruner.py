@@ -629,6 +629,7 @@ class Pruner:
         for t in self.targets:
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=True)
         self._finished = True
+        self.backbone.release()
         weights, group = self._local_weights()
         counts = torch.stack([torch.count_nonzero(w == 0) for w in weights])
         distributed.all_reduce_sum(counts, group)
@@ -659,6 +660,7 @@ class Pruner:
         for t in self.targets:
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
         self._finished = True
+        self.backbone.release()
 
     def _check_attached(self) -> None:
         if self._finished:

@@ -33,14 +33,17 @@ import torch
 from torch import Tensor
 
 from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget
+from feather_sparse.nm import fused as _fused
+from feather_sparse.nm.fused import FusedNMForward
 from feather_sparse.nm.operator import (
     NMPattern,
+    _NMThresholdSTE,
     check_layout,
     group_view,
     nm_keep_mask,
     nm_threshold,
 )
-from feather_sparse.ops import Operator, ThresholdOperator, compute_dtype
+from feather_sparse.ops import Operator, ThresholdOperator, apply_function, compute_dtype
 from feather_sparse.schedules import ConstantSchedule, Schedule
 
 __all__ = ["DEFAULT_NM_SCHEDULE", "DEFAULT_PATTERN", "NMBackbone", "NMSettings", "nm_settings"]
@@ -100,11 +103,14 @@ class NMBackbone(Backbone):
         self.supports_sharding = not self.freeze
         self._beta: list[Tensor] | None = None
         self._masks: list[Tensor] | None = None
+        self._fused: FusedNMForward | None = None
 
     def setup(self, targets: Sequence[PruneTarget]) -> None:
         for t in targets:
             check_layout(t.name, t.module, t.weight, self.pattern)
         super().setup(targets)
+        eligible = [0 < t.weight.numel() <= _fused.FUSE_MAX_NUMEL for t in targets]
+        self._fused = FusedNMForward(self.pattern, eligible) if sum(eligible) >= 2 else None
 
     def advance(self, step: int, total_steps: int, final_sparsity: float) -> None:
         if not math.isclose(final_sparsity, self.pattern.sparsity, abs_tol=1e-12):
@@ -124,9 +130,14 @@ class NMBackbone(Backbone):
         if ramp >= 1.0:
             if self.rescale and self._beta is None:
                 self._beta = self._rescale_factors(weights)
+                self.release()  # forwards cached without β are stale
             if self.freeze and self._masks is None:
                 self._masks = [nm_keep_mask(w, self.pattern)[0].reshape(w.shape) for w in weights]
-        return [torch.tensor(min(ramp, 1.0), dtype=torch.float32, device=w.device) for w in weights]
+                self.release()  # masked layers take the plain path from now on
+        # One 0-d tensor per device (the Pruner copies each into its layer's buffer).
+        value = torch.tensor(min(ramp, 1.0), dtype=torch.float32)
+        on: dict[torch.device, Tensor] = {}
+        return [on.setdefault(w.device, value.to(w.device)) for w in weights]
 
     @torch.no_grad()
     def _rescale_factors(self, weights: Sequence[Tensor]) -> list[Tensor]:
@@ -152,6 +163,23 @@ class NMBackbone(Backbone):
                 f"N:M pruning applies the thresholding operators (feather, soft, hard), "
                 f"not {operator!r}"
             )
+        fused = self._fused
+        if fused is not None and self._masks is None and fused.usable(index, weight):
+            pre = fused.get(index, weight, threshold, operator.p, self._stored, self._beta)
+            if pre is not None:
+                out: Tensor = apply_function(
+                    _NMThresholdSTE,
+                    weight,
+                    threshold.detach(),
+                    self.pattern,
+                    float(operator.p),
+                    float(theta),
+                    self.decay,
+                    None,
+                    None,
+                    pre,
+                )[0]
+                return out
         return nm_threshold(
             weight,
             self.pattern,
@@ -162,6 +190,14 @@ class NMBackbone(Backbone):
             mask=None if self._masks is None else self._masks[index],
             scale=None if self._beta is None else self._beta[index],
         )
+
+    def _stored(self) -> list[Tensor]:
+        return [t.weight for t in self.targets]
+
+    def release(self) -> None:
+        """Drop the fused forwards' cache (:mod:`feather_sparse.nm.fused`)."""
+        if self._fused is not None:
+            self._fused.clear()
 
     def keep_mask(self, weight: Tensor, threshold: Tensor, index: int = 0) -> Tensor:
         """Positions the forward keeps, shaped like ``weight`` (``N`` per group at ramp 1)."""
@@ -213,6 +249,7 @@ class NMBackbone(Backbone):
 
         self._beta = on(state.get("beta"))
         self._masks = on(state.get("masks"))
+        self.release()
 
     def config(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "pattern": str(self.pattern)}

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from feather_sparse.ops import _ZERO, _block, _grad_block, _scratch, compute_dtype
+from feather_sparse.ops import _ZERO, _block, _grad_block, _scratch, apply_function, compute_dtype
 
 __all__ = [
     "NMPattern",
@@ -289,7 +289,10 @@ class _NMThresholdSTE(torch.autograd.Function):
         decay: float,
         mask: Tensor | None,
         scale: Tensor | None,
+        pre: tuple[Tensor, Tensor] | None = None,
     ) -> Any:
+        if pre is not None:  # computed already (nm.fused): fresh views, never the cached objects
+            return pre[0].view_as(pre[0]), pre[1].view_as(pre[1])
         return _nm_forward(w, pattern, ramp, p, mask, scale)
 
     @staticmethod
@@ -303,7 +306,7 @@ class _NMThresholdSTE(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor, _: Any) -> tuple[Tensor | None, ...]:
         theta, decay = ctx.theta, ctx.decay
-        rest = (None,) * 7
+        rest = (None,) * 8
         if theta == 1.0 and decay == 0.0:
             return grad, *rest
         w, aux = ctx.saved_tensors
@@ -376,7 +379,16 @@ def nm_threshold(
         raise ValueError(
             f"mask shape {tuple(mask.shape)} differs from the weight's {tuple(w.shape)}"
         )
-    out: Tensor = _NMThresholdSTE.apply(
-        w, ramp.detach(), pattern, float(p), float(theta), float(decay), mask, scale
+    out: Tensor = apply_function(
+        _NMThresholdSTE,
+        w,
+        ramp.detach(),
+        pattern,
+        float(p),
+        float(theta),
+        float(decay),
+        mask,
+        scale,
+        None,
     )[0]
     return out

@@ -1,0 +1,206 @@
+"""The N:M forward of many small layers at once, computed once per weight update.
+
+Each N:M forward is a few dozen small kernels (the per-group sorting
+network, the operator's arithmetic). On a model of many small layers — the
+bundled MLP-Mixer has 14 Linear weights of at most 16,384 entries — their
+fixed cost outweighs the arithmetic: run layer by layer, the N:M training
+step cost 1.24–1.35× the dense one (``benchmarks/bench_nm_step.py``).
+:class:`FusedNMForward` computes every small layer's ``P_T(w)`` in one pass
+over the concatenated weights instead, the first time one of them is needed
+after the weights changed, and hands each layer its slice.
+
+Exactness. A layer's slice is used only while the layer's weight is, bit
+for bit, the weight the slice was computed from (compared at each use, one
+kernel), its ramp buffer is the same tensor at the same version and ``p`` is
+the same; anything else recomputes. So an in-place edit through ``.data``,
+a ``load_state_dict``, an optimizer step or a moved buffer never yields a
+stale weight. Groups never straddle two layers (a layer holds whole groups),
+and the arithmetic is elementwise per group, so the fused result equals the
+layer-by-layer one; the only possible difference is the last bit of the
+``log``/``exp`` of ``p = 3`` for an element that one computation handles in
+its vectorised loop and the other in its scalar tail (none, when every
+layer's size is a multiple of 64).
+
+Where it is off (layer by layer instead): weights over
+:data:`FUSE_MAX_NUMEL` (their kernels are long enough), frozen masks
+(one-shot), sharded weights (FSDP2), ``torch.compile``/``torch.export``/JIT
+tracing (the compiler fuses on its own, and a cached tensor must not be
+traced as a constant), inference mode (its tensors cannot be saved for a
+later backward) and the meta device.
+
+Memory. The cache keeps, between steps, a copy of the small layers' weights
+(the bit reference) and their ``P_T(w)`` — at most twice the small layers'
+weights; :meth:`clear` drops it (the Pruner does on ``finalize``/``remove``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from feather_sparse.nm.operator import NMPattern, _nm_forward
+
+__all__ = ["FUSE_MAX_NUMEL", "FusedNMForward"]
+
+#: Weights with more entries than this are computed layer by layer (their
+#: kernels are long enough that a launch costs little). Read when a Pruner
+#: attaches: set it to 0 beforehand to compute every layer alone.
+FUSE_MAX_NUMEL = 1 << 16
+
+#: Integer views for the bit-for-bit comparison of a weight with its reference.
+_BITS = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+}
+
+
+def same_bits(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold the same bits (NaNs and ``±0`` told apart)."""
+    bits = _BITS.get(a.dtype)
+    if bits is None or a.dtype != b.dtype or a.shape != b.shape:
+        return bool(a.dtype == b.dtype and torch.equal(a, b))
+    return torch.equal(a.view(bits), b.view(bits))
+
+
+@dataclass
+class _Entry:
+    """One layer's cached forward and what it was computed from."""
+
+    reference: Tensor  # the weight's bits when computed (a slice of the concatenation)
+    out: Tensor  # P_T(w), the weight's shape and dtype
+    aux: Tensor  # what the backward needs (see operator._nm_forward)
+    ramp: Tensor  # the ramp buffer it used (identity and version are checked)
+    ramp_version: int
+    p: float
+
+
+def _traced() -> bool:
+    return bool(torch.compiler.is_compiling() or torch.jit.is_tracing())
+
+
+class FusedNMForward:
+    """Per-layer N:M forwards computed together (see the module docstring).
+
+    Args:
+        pattern: the N:M pattern of every layer.
+        eligible: for each layer (the backbone's target order), whether it
+            may be computed with the others (small enough, no frozen mask).
+    """
+
+    def __init__(self, pattern: NMPattern, eligible: Sequence[bool]) -> None:
+        self.pattern = pattern
+        self.eligible = list(eligible)
+        self._ramps: dict[int, Tensor] = {}
+        self._entries: dict[int, _Entry] = {}
+
+    def usable(self, index: int, weight: Tensor) -> bool:
+        """Whether tensor ``index`` may take the fused path in this call."""
+        return (  # tracing first: the compiler cannot trace the inference-mode query
+            self.eligible[index]
+            and not _traced()
+            and type(weight) in (Tensor, nn.Parameter)
+            and weight.device.type != "meta"
+            and not torch.is_inference_mode_enabled()
+        )
+
+    def get(
+        self,
+        index: int,
+        weight: Tensor,
+        ramp: Tensor,
+        p: float,
+        weights: Callable[[], Sequence[Tensor]],
+        scales: Sequence[Tensor | None] | None,
+    ) -> tuple[Tensor, Tensor] | None:
+        """``(P_T(w), aux)`` of tensor ``index``, from the cache or a fresh fused pass.
+
+        Args:
+            index: the tensor asked for; ``weight`` and ``ramp`` are its own.
+            p: the operator's power.
+            weights: returns every tensor's current stored weight (the
+                backbone's order); called only when a pass is needed.
+            scales: every tensor's forward scale (S-STE's β), or None.
+
+        Returns:
+            None when fewer than two layers would share the pass (the
+            caller then computes the layer alone).
+        """
+        first = index not in self._ramps
+        self._ramps[index] = ramp
+        if first:  # the first forward runs layer by layer and registers every ramp
+            return None
+        entry = self._entries.get(index)
+        if entry is not None and self._valid(entry, weight, ramp, p):
+            return entry.out, entry.aux
+        stored = weights()
+        group = [
+            i
+            for i, r in self._ramps.items()
+            if self.eligible[i]
+            and stored[i].dtype == weight.dtype
+            and stored[i].device == weight.device
+            and r.device == ramp.device
+            and type(stored[i]) in (Tensor, nn.Parameter)
+        ]
+        if len(group) < 2:
+            return None
+        self._compute(sorted(group), p, stored, scales)
+        entry = self._entries[index]
+        return entry.out, entry.aux
+
+    @staticmethod
+    def _valid(entry: _Entry, weight: Tensor, ramp: Tensor, p: float) -> bool:
+        return (
+            entry.p == p
+            and entry.ramp is ramp
+            and entry.ramp_version == ramp._version
+            and same_bits(weight.detach(), entry.reference)
+        )
+
+    @torch.no_grad()
+    def _compute(
+        self,
+        group: list[int],
+        p: float,
+        weights: Sequence[Tensor],
+        scales: Sequence[Tensor | None] | None,
+    ) -> None:
+        m = self.pattern.m
+        parts = [weights[i].detach() for i in group]
+        flat = torch.cat([w.reshape(-1) for w in parts])  # a copy: the bit reference too
+        groups = [w.numel() // m for w in parts]
+        ramps = [self._ramps[i] for i in group]
+        ramp = torch.cat([r.reshape(1).expand(g) for r, g in zip(ramps, groups)]).unsqueeze(1)
+        scale = None
+        if scales is not None and any(scales[i] is not None for i in group):
+            ones = torch.ones((), dtype=torch.float32, device=flat.device)
+            scale = torch.cat(
+                [
+                    (ones if scales[i] is None else scales[i]).reshape(1).expand(g)  # type: ignore[union-attr]
+                    for i, g in zip(group, groups)
+                ]
+            ).unsqueeze(1)
+        out, aux = _nm_forward(flat.view(-1, m), self.pattern, ramp, p, None, scale)
+        out = out.reshape(-1)
+        start = 0
+        for i, w, g, r in zip(group, parts, groups, ramps):
+            n = g * m
+            self._entries[i] = _Entry(
+                reference=flat[start : start + n].view(w.shape),
+                out=out[start : start + n].view(w.shape),
+                aux=aux[start // m : start // m + g],
+                ramp=r,
+                ramp_version=r._version,
+                p=p,
+            )
+            start += n
+
+    def clear(self) -> None:
+        """Drop every cached forward and ramp reference."""
+        self._entries.clear()
+        self._ramps.clear()

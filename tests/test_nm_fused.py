@@ -1,0 +1,250 @@
+"""The fused N:M forward of small layers: same bits, never stale, off where it must be."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import feather_sparse as fs
+from feather_sparse.nm import fused, nm_threshold
+from feather_sparse.nm.fused import FusedNMForward, same_bits
+
+
+def mlp(seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Small Linear layers whose sizes are multiples of 64 (no scalar tails)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(16, 32),
+        nn.ReLU(),
+        nn.Linear(32, 32),
+        nn.ReLU(),
+        nn.Linear(32, 8),
+    ).to(dtype)
+
+
+def data(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(4, 16, generator=gen), torch.randint(0, 8, (4,), generator=gen))
+        for _ in range(n)
+    ]
+
+
+def pruner(model: nn.Module, fuse: bool, monkeypatch: pytest.MonkeyPatch, **kwargs) -> fs.Pruner:
+    monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", 1 << 16 if fuse else 0)
+    pr = fs.Pruner(model, **{"pattern": "2:4", **kwargs})
+    assert (pr.backbone._fused is not None) == fuse
+    return pr
+
+
+def count_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
+    original = FusedNMForward._compute
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(FusedNMForward, "_compute", counted)
+    return calls
+
+
+def train(model: nn.Module, pr: fs.Pruner, steps: int, accumulate: int = 1) -> list[torch.Tensor]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in data(steps):
+        opt.zero_grad()
+        for part in range(accumulate):  # gradient accumulation: several forwards per step
+            F.cross_entropy(model(x[part::accumulate]), y[part::accumulate]).backward()
+        opt.step()
+        pr.step()
+    return [t.weight.detach().clone() for t in pr.targets]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"theta": 0.5},
+        {"operator": "soft"},
+        {"operator": "hard"},
+        {"pattern": "1:4", "theta": 0.0},
+        {"schedule": "cubic", "total_steps": 8},  # ramp < 1: thresholds scaled per layer
+    ],
+    ids=["feather", "theta", "soft", "hard", "1:4", "ramp"],
+)
+def test_fused_training_equals_layer_by_layer_bit_for_bit(
+    kwargs: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = []
+    for fuse in (False, True):
+        model = mlp()
+        pr = pruner(model, fuse, monkeypatch, **kwargs)
+        runs.append(train(model, pr, 6))
+    for a, b in zip(*runs):
+        assert same_bits(a, b)
+
+
+@pytest.mark.parametrize("method", ["sr-ste", "s-ste"])
+def test_fused_methods_equal_layer_by_layer(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SR-STE's decay in the backward and S-STE's fixed β in the forward, fused or not."""
+    runs = []
+    for fuse in (False, True):
+        model = mlp()
+        monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", 1 << 16 if fuse else 0)
+        pr = fs.make_pruner(model, method, total_steps=6)
+        assert (pr.backbone._fused is not None) == fuse
+        runs.append(train(model, pr, 6))
+    for a, b in zip(*runs):
+        assert same_bits(a, b)
+
+
+def test_gradient_accumulation_reuses_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = mlp()
+    pr = pruner(model, True, monkeypatch, theta=0.5)
+    model(torch.randn(2, 16))  # one pass for the current weights
+    calls = count_passes(monkeypatch)
+    fused_weights = train(model, pr, 3, accumulate=2)
+    # the first step's forwards reuse that pass; each later step makes one for
+    # its new weights, shared by both micro-batches
+    assert calls[0] == 2
+    reference = mlp()
+    ref_pr = pruner(reference, False, monkeypatch, theta=0.5)
+    reference(torch.randn(2, 16))
+    for a, b in zip(fused_weights, train(reference, ref_pr, 3, accumulate=2)):
+        assert same_bits(a, b)
+
+
+def test_edit_through_data_is_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``.data`` edits bypass the version counter: the bit comparison still catches them."""
+    model = mlp()
+    pr = pruner(model, True, monkeypatch)
+    x = torch.randn(3, 16)
+    model(x)
+    before = model(x)
+    w = pr.targets[1].weight
+    version = w._version
+    w.data.mul_(-2.0)
+    assert w._version == version  # invisible to the version counter
+    expected = nm_threshold(w.detach(), "2:4")
+    assert torch.equal(model[2].weight, expected)
+    assert not torch.equal(model(x), before)
+
+
+def test_load_state_dict_and_ramp_writes_recompute(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = mlp()
+    pr = pruner(model, True, monkeypatch, schedule="cubic", total_steps=10)
+    model(torch.randn(2, 16))
+    other = mlp(seed=5)
+    with torch.no_grad():
+        for t, o in zip(pr.targets, [other[0], other[2], other[4]]):
+            t.weight.copy_(o.weight)
+    for _ in range(3):
+        pr.step()  # the ramp buffers are written in place
+    ramp = pr.thresholds()[0]
+    for t, layer in zip(pr.targets, [model[0], model[2], model[4]]):
+        assert same_bits(layer.weight, nm_threshold(t.weight.detach(), "2:4", ramp))
+
+
+def test_large_layers_inference_mode_and_compile_take_the_plain_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = mlp()
+    pr = pruner(model, True, monkeypatch)
+    model(torch.randn(2, 16))
+    calls = count_passes(monkeypatch)
+    with torch.no_grad():
+        for t in pr.targets:
+            t.weight.add_(0.01)
+    with torch.inference_mode():
+        out = model(torch.randn(2, 16))
+    assert calls[0] == 0 and out.is_inference()
+    # training right after an inference-mode forward: no inference tensor is reused
+    F.cross_entropy(model(torch.randn(2, 16)), torch.tensor([0, 1])).backward()
+    assert calls[0] == 1
+    monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", 600)  # the 32×32 layer is "large" now
+    other = mlp()
+    big = fs.Pruner(other, pattern="2:4")
+    assert big.backbone._fused is not None
+    assert big.backbone._fused.eligible == [True, False, True]
+    other(torch.randn(2, 16))
+    other(torch.randn(2, 16))
+    assert sorted(big.backbone._fused._entries) == [0, 2]
+    for t, layer in zip(big.targets, [other[0], other[2], other[4]]):
+        assert same_bits(layer.weight, nm_threshold(t.weight.detach(), "2:4"))
+
+
+def test_mixed_dtypes_are_fused_separately(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = mlp()
+    model[2].to(torch.float64)
+    model[4].to(torch.float64)
+
+    class Cast(nn.Module):
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.inner[0](x)).double()
+            return self.inner[4](torch.relu(self.inner[2](h)))
+
+    wrapped = Cast(model)
+    pr = pruner(wrapped, True, monkeypatch)
+    wrapped(torch.randn(2, 16))
+    out = wrapped(torch.randn(2, 16))
+    assert out.dtype == torch.float64
+    for t, layer in zip(pr.targets, [model[0], model[2], model[4]]):
+        assert same_bits(layer.weight, nm_threshold(t.weight.detach(), "2:4"))
+
+
+def test_finalize_releases_the_cache_and_keeps_the_pattern(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = mlp()
+    pr = pruner(model, True, monkeypatch)
+    train(model, pr, 2)
+    cache = pr.backbone._fused
+    assert cache is not None and cache._entries
+    pr.finalize()
+    assert not cache._entries
+    for layer in (model[0], model[2], model[4]):
+        counts = (layer.weight.reshape(-1, 4) != 0).sum(1)
+        assert int(counts.max()) <= 2
+
+
+def test_same_bits_tells_nan_and_signed_zero_apart() -> None:
+    a = torch.tensor([0.0, 1.0, math.nan])
+    assert same_bits(a, a.clone())
+    assert not same_bits(a, torch.tensor([-0.0, 1.0, math.nan]))
+    assert not same_bits(a, torch.tensor([0.0, 1.0, 2.0]))
+    assert same_bits(a.half(), a.half().clone())
+
+
+def test_resume_from_state_dict_with_fusion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bit-exact resume still holds when the forwards are fused."""
+    model = mlp()
+    pr = pruner(model, True, monkeypatch, theta=0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    batches = data(6)
+
+    def run(m: nn.Module, p: fs.Pruner, o: torch.optim.Optimizer, part: list) -> None:
+        for x, y in part:
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+            p.step()
+
+    run(model, pr, opt, batches[:3])
+    saved = copy.deepcopy((model.state_dict(), pr.state_dict(), opt.state_dict()))
+    run(model, pr, opt, batches[3:])
+    resumed = mlp(seed=9)
+    pr2 = pruner(resumed, True, monkeypatch, theta=0.5)
+    opt2 = torch.optim.SGD(resumed.parameters(), lr=0.1, momentum=0.9)
+    resumed.load_state_dict(saved[0])
+    pr2.load_state_dict(saved[1])
+    opt2.load_state_dict(saved[2])
+    run(resumed, pr2, opt2, batches[3:])
+    for a, b in zip(pr.targets, pr2.targets):
+        assert same_bits(a.weight.detach(), b.weight.detach())
