@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
-from feather_sparse.nm import fused
 from _timing import compare, machine, train_step
+from feather_sparse.nm import fused
 
 BATCH = 128
 #: Layers of each model that an N:M pattern cannot take (reduction dim not a multiple of 4).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -18,6 +19,7 @@ from feather_sparse.nm import (
     nm_threshold,
     nm_thresholds,
 )
+from feather_sparse.nm.operator import _kth_smallest
 
 PATTERNS = [NMPattern(2, 4), NMPattern(1, 4), NMPattern(4, 8), NMPattern(1, 2), NMPattern(3, 16)]
 
@@ -161,6 +163,22 @@ def test_agrees_with_a_sort() -> None:
         g = group_view(w, pattern).abs()
         ref = g.sort(dim=1).values[:, pattern.m - pattern.n - 1]
         assert torch.equal(nm_thresholds(w, pattern), ref)
+
+
+@pytest.mark.parametrize("m", [4, 8])
+def test_selection_equals_a_sort_on_every_tie_pattern(m: int) -> None:
+    """The selection network of four (and the sorting network of eight) vs ``sort``.
+
+    Every group of four over the values 0–3 (all orders and ties), and random
+    ties for eight, for every rank ``k``.
+    """
+    if m == 4:
+        vals = torch.tensor(list(itertools.product(range(4), repeat=4)), dtype=torch.float32)
+    else:
+        vals = torch.randint(0, 4, (512, 8), generator=torch.Generator().manual_seed(2)).float()
+    ref = vals.sort(dim=1).values
+    for k in range(m):
+        assert torch.equal(_kth_smallest(vals.unbind(1), k), ref[:, k])
 
 
 # ------------------------------------------------------------------- the operator

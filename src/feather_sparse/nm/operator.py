@@ -194,11 +194,31 @@ def _kth_smallest(columns: Sequence[Tensor], k: int) -> Tensor:
     """
     cols = list(columns)
     m = len(cols)
+    if m == 4:  # a selection network: 3 or 7 min/max kernels instead of the sort's 12
+        return _kth_of_four(cols, k)
     for r in range(m):
         for i in range(r % 2, m - 1, 2):
             lo, hi = cols[i], cols[i + 1]
             cols[i], cols[i + 1] = torch.minimum(lo, hi), torch.maximum(lo, hi)
     return cols[k]
+
+
+def _kth_of_four(cols: Sequence[Tensor], k: int) -> Tensor:
+    """The ``k``-th smallest of four columns: sort each pair, then pick across the pairs.
+
+    With ``lo1 <= hi1`` and ``lo2 <= hi2`` the two pairs, the second smallest
+    of the four is ``min(max(lo1, lo2), min(hi1, hi2))`` and the second
+    largest ``max(min(hi1, hi2), max(lo1, lo2))``: the same value the full
+    sort gives (``min``/``max`` are exact).
+    """
+    a, b, c, d = cols
+    if k == 0:
+        return torch.minimum(torch.minimum(a, b), torch.minimum(c, d))
+    if k == 3:
+        return torch.maximum(torch.maximum(a, b), torch.maximum(c, d))
+    lows = torch.maximum(torch.minimum(a, b), torch.minimum(c, d))
+    highs = torch.minimum(torch.maximum(a, b), torch.maximum(c, d))
+    return torch.minimum(lows, highs) if k == 1 else torch.maximum(lows, highs)
 
 
 def group_thresholds(weight: Tensor, pattern: NMPattern) -> Tensor:
