@@ -54,14 +54,23 @@ def count_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def train(model: nn.Module, pr: fs.Pruner, steps: int, accumulate: int = 1) -> list[torch.Tensor]:
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for x, y in data(steps):
+def fit(
+    model: nn.Module, pr: fs.Pruner, opt: torch.optim.Optimizer, batches: list, accumulate: int = 1
+) -> None:
+    for x, y in batches:
         opt.zero_grad()
         for part in range(accumulate):  # gradient accumulation: several forwards per step
             F.cross_entropy(model(x[part::accumulate]), y[part::accumulate]).backward()
         opt.step()
         pr.step()
+
+
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def train(model: nn.Module, pr: fs.Pruner, steps: int, accumulate: int = 1) -> list[torch.Tensor]:
+    fit(model, pr, sgd(model), data(steps), accumulate)
     return [t.weight.detach().clone() for t in pr.targets]
 
 
@@ -226,25 +235,17 @@ def test_resume_from_state_dict_with_fusion(monkeypatch: pytest.MonkeyPatch) -> 
     """Bit-exact resume still holds when the forwards are fused."""
     model = mlp()
     pr = pruner(model, True, monkeypatch, theta=0.5)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = sgd(model)
     batches = data(6)
-
-    def run(m: nn.Module, p: fs.Pruner, o: torch.optim.Optimizer, part: list) -> None:
-        for x, y in part:
-            o.zero_grad()
-            F.cross_entropy(m(x), y).backward()
-            o.step()
-            p.step()
-
-    run(model, pr, opt, batches[:3])
+    fit(model, pr, opt, batches[:3])
     saved = copy.deepcopy((model.state_dict(), pr.state_dict(), opt.state_dict()))
-    run(model, pr, opt, batches[3:])
+    fit(model, pr, opt, batches[3:])
     resumed = mlp(seed=9)
     pr2 = pruner(resumed, True, monkeypatch, theta=0.5)
-    opt2 = torch.optim.SGD(resumed.parameters(), lr=0.1, momentum=0.9)
+    opt2 = sgd(resumed)
     resumed.load_state_dict(saved[0])
     pr2.load_state_dict(saved[1])
     opt2.load_state_dict(saved[2])
-    run(resumed, pr2, opt2, batches[3:])
+    fit(resumed, pr2, opt2, batches[3:])
     for a, b in zip(pr.targets, pr2.targets):
         assert same_bits(a.weight.detach(), b.weight.detach())
