@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from feather_sparse import cli
-from feather_sparse.bench.pages import finite_curve
+from feather_sparse.bench.pages import Context, _footer, finite_curve
 from feather_sparse.experiments import (
     COMPARE_METHODS,
     EXPERIMENTS,
@@ -226,3 +226,21 @@ def test_run_key_names_the_run_and_hashes_the_whole_config() -> None:
     assert run_key(dict(base)) == key
     assert run_key({**base, "lr": 0.05}) != key
     assert run_key({**base, "dense": True}).startswith("dense-s0-seed0-")
+
+
+def test_footer_names_every_model_the_page_trained(tmp_path: Path) -> None:
+    """A page over two models (``bench nm``) names both, not only the first run's."""
+
+    def outcome(key: str, model: str) -> RunOutcome:
+        config = {"dataset": "mnist1d", "model": model, "recipe": "mnist1d", "epochs": 2}
+        return RunOutcome(key=key, config=config, ok=True, test_accuracy=0.5)
+
+    pairs = [
+        (RunSpec("a", 0.0, 0, {}), outcome("k1", "mnist1d_cnn")),
+        (RunSpec("a", 0.0, 1, {}), outcome("k2", "mnist1d_cnn")),
+        (RunSpec("a", 0.0, 0, {}), outcome("k3", "mnist1d_mlpmixer")),
+    ]
+    ctx = Context("nm", BenchOptions(out=tmp_path), pairs, executed=3, elapsed=1.0, workers=1)
+    assert "- data and models: mnist1d, mnist1d_cnn, mnist1d_mlpmixer;" in _footer(ctx)
+    one = Context("nm", BenchOptions(out=tmp_path), pairs[:2], executed=2, elapsed=1.0, workers=1)
+    assert "- data and model: mnist1d, mnist1d_cnn;" in _footer(one)

@@ -267,12 +267,15 @@ def _footer(ctx: Context) -> str:
     failed = [o for o in unique.values() if not o.ok]
     run_time = sum(o.wall_time for o in unique.values())
     command = ctx.opts.command or _rebuild_command(ctx.name, ctx.opts)
+    # every model the page's runs trained, in order of appearance (bench nm runs two)
+    models = list(dict.fromkeys(str(o.config.get("model")) for o in ok)) or [str(cfg.get("model"))]
     lines = [
         "",
         f"- command: `{command}`",
         f"- library: feather-sparse {__version__}, torch {torch.__version__}",
         f"- machine: {machine_description(ctx.workers, cfg.get('threads') or 'default')}",
-        f"- data and model: {cfg.get('dataset')}, {cfg.get('model')}; recipe "
+        f"- data and model{'s' if len(models) > 1 else ''}: {cfg.get('dataset')}, "
+        f"{', '.join(models)}; recipe "
         f"{cfg.get('recipe')}: {cfg.get('epochs')} epochs, batch {cfg.get('batch_size')}, "
         f"{cfg.get('optimizer')} lr {cfg.get('lr')}, weight decay {cfg.get('weight_decay')}, "
         f"gradient clipping {cfg.get('grad_clip') or 'none'}; "
