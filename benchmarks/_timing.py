@@ -36,16 +36,23 @@ def compare(
 
 
 def train_step(
-    model: nn.Module, pruner: feather_sparse.Pruner | None, x: torch.Tensor, y: torch.Tensor
+    model: nn.Module,
+    pruner: feather_sparse.Pruner | None,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    micro: int = 1,
 ) -> Callable[[], None]:
     """One timed training step on a fixed batch: forward, cross-entropy, backward, SGD
-    (momentum 0.9), then ``pruner.step()`` unless ``pruner`` is None (the dense baseline)."""
+    (momentum 0.9), then ``pruner.step()`` unless ``pruner`` is None (the dense baseline).
+    ``micro`` > 1 splits the batch into that many micro-batches whose gradients are
+    accumulated before the optimizer step (one forward and backward each)."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    parts = list(zip(x.chunk(micro), y.chunk(micro)))
 
     def step() -> None:
-        loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        for xs, ys in parts:
+            F.cross_entropy(model(xs), ys).backward()
         opt.step()
         if pruner is not None:
             pruner.step()

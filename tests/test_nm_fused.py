@@ -14,6 +14,8 @@ import feather_sparse as fs
 from feather_sparse.nm import fused, nm_threshold
 from feather_sparse.nm.fused import FusedNMForward, same_bits
 
+DEFAULT_MAX = fused.FUSE_MAX_NUMEL  # as shipped, read before any test patches it
+
 
 def mlp(seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
     """Small Linear layers whose sizes are multiples of 64 (no scalar tails)."""
@@ -36,7 +38,7 @@ def data(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def pruner(model: nn.Module, fuse: bool, monkeypatch: pytest.MonkeyPatch, **kwargs) -> fs.Pruner:
-    monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", 1 << 16 if fuse else 0)
+    monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", DEFAULT_MAX if fuse else 0)
     pr = fs.Pruner(model, **{"pattern": "2:4", **kwargs})
     assert (pr.backbone._fused is not None) == fuse
     return pr
@@ -104,7 +106,7 @@ def test_fused_methods_equal_layer_by_layer(method: str, monkeypatch: pytest.Mon
     runs = []
     for fuse in (False, True):
         model = mlp()
-        monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", 1 << 16 if fuse else 0)
+        monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", DEFAULT_MAX if fuse else 0)
         pr = fs.make_pruner(model, method, total_steps=6)
         assert (pr.backbone._fused is not None) == fuse
         runs.append(train(model, pr, 6))

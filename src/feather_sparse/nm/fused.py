@@ -22,11 +22,14 @@ its vectorised loop and the other in its scalar tail (none, when every
 layer's size is a multiple of 64).
 
 Where it is off (layer by layer instead): weights over
-:data:`FUSE_MAX_NUMEL` (their kernels are long enough), frozen masks
+:data:`FUSE_MAX_NUMEL` (their kernels are long enough: on the bundled CNN,
+whose convolutions hold 24,576 to 98,304 weights, fusing them made the step
+slower, ``benchmarks/bench_nm_step.py``), weights off the CPU (the bit
+comparison would wait for the device at every layer), frozen masks
 (one-shot), sharded weights (FSDP2), ``torch.compile``/``torch.export``/JIT
 tracing (the compiler fuses on its own, and a cached tensor must not be
-traced as a constant), inference mode (its tensors cannot be saved for a
-later backward) and the meta device.
+traced as a constant) and inference mode (its tensors cannot be saved for a
+later backward).
 
 Memory. The cache keeps, between steps, a copy of the small layers' weights
 (the bit reference) and their ``P_T(w)`` — at most twice the small layers'
@@ -48,7 +51,7 @@ __all__ = ["FUSE_MAX_NUMEL", "FusedNMForward"]
 #: Weights with more entries than this are computed layer by layer (their
 #: kernels are long enough that a launch costs little). Read when a Pruner
 #: attaches: set it to 0 beforehand to compute every layer alone.
-FUSE_MAX_NUMEL = 1 << 16
+FUSE_MAX_NUMEL = 1 << 14
 
 #: Integer views for the bit-for-bit comparison of a weight with its reference.
 _BITS = {
@@ -104,7 +107,7 @@ class FusedNMForward:
             self.eligible[index]
             and not _traced()
             and type(weight) in (Tensor, nn.Parameter)
-            and weight.device.type != "meta"
+            and weight.device.type == "cpu"
             and not torch.is_inference_mode_enabled()
         )
 
