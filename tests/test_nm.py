@@ -19,7 +19,8 @@ from feather_sparse.nm import (
     nm_threshold,
     nm_thresholds,
 )
-from feather_sparse.nm.operator import _kth_smallest
+from feather_sparse.nm.operator import _kth_smallest, _threshold_blocks, group_thresholds
+from feather_sparse.ops import _POOL, BLOCK, _block, pooled_scratch
 
 PATTERNS = [NMPattern(2, 4), NMPattern(1, 4), NMPattern(4, 8), NMPattern(1, 2), NMPattern(3, 16)]
 
@@ -219,3 +220,33 @@ def test_argument_errors() -> None:
         nm_threshold(w, "2:4", theta=2.0)
     with pytest.raises(ValueError, match="N:M"):
         nm_threshold(w, "4:2")
+
+
+def test_blockwise_forward_equals_the_whole_tensor_computation() -> None:
+    """A weight over one block (76,800 > 65,536 entries) gives the bits of one whole pass."""
+
+    w = torch.randn(300, 256, generator=torch.Generator().manual_seed(4))
+    pattern = NMPattern(2, 4)
+    assert w.numel() > BLOCK
+    x = group_view(w, pattern)
+    t = group_thresholds(w, pattern)
+    for p in (1.0, 2.0, 3.0):
+        whole = torch.empty_like(x)
+        _block(x, t.expand_as(x).contiguous(), p, whole, [torch.empty_like(x) for _ in range(4)])
+        blocks = torch.empty_like(x)
+        _threshold_blocks(x, t, p, blocks)
+        assert torch.equal(whole.view(torch.int32), blocks.view(torch.int32))
+        assert torch.equal(blocks.reshape(w.shape), nm_threshold(w, pattern, p=p))
+
+
+def test_pooled_scratch_reuses_per_size_and_stays_bounded() -> None:
+    a = pooled_scratch(64, torch.float32, torch.device("cpu"), 5)
+    b = pooled_scratch(64, torch.float32, torch.device("cpu"), 5)
+    assert len(a) == 5 and all(x is y for x, y in zip(a, b))  # the same buffers again
+    c = pooled_scratch(64, torch.float64, torch.device("cpu"), 5)
+    assert c[0].dtype == torch.float64 and c[0] is not a[0]
+    for n in range(100, 120):  # many sizes: the pool is cleared, not grown
+        pooled_scratch(n, torch.float32, torch.device("cpu"), 1)
+    assert len(_POOL.buffers) <= 8
+    d = pooled_scratch(64, torch.float32, torch.device("meta"), 2)  # off the CPU: fresh
+    assert d[0].device.type == "meta"

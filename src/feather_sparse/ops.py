@@ -31,6 +31,7 @@ equal soft and hard thresholding bit for bit.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,6 +239,32 @@ def _forward(w: Tensor, t: Tensor, p: float, cache: OutputCache | None = None) -
 def _scratch(n: int, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
     """Four float buffers for :func:`_block`."""
     return [torch.empty(n, dtype=dtype, device=device) for _ in range(4)]
+
+
+_POOL = threading.local()
+
+
+def pooled_scratch(n: int, dtype: torch.dtype, device: torch.device, count: int) -> list[Tensor]:
+    """``count`` 1-d buffers of ``n`` elements for temporaries that never leave a call.
+
+    On CPU (eager) the buffers are kept per thread and handed out again on the
+    next call of the same size and dtype: allocating a few hundred kilobytes
+    afresh per layer and step lets the C allocator return the memory to the
+    system and fault it back in, which made the same N:M forward run 1× or
+    3× as long from one process to the next. Elsewhere they are fresh. The
+    caller must not let a buffer escape (return it, save it for backward).
+    """
+    if device.type != "cpu" or torch.compiler.is_compiling():
+        return [torch.empty(n, dtype=dtype, device=device) for _ in range(count)]
+    pool: dict[tuple[int, torch.dtype, int], list[Tensor]] = getattr(_POOL, "buffers", None) or {}
+    _POOL.buffers = pool
+    key = (n, dtype, count)
+    buffers = pool.get(key)
+    if buffers is None:
+        if len(pool) >= 8:  # a handful of sizes per thread; never grows without bound
+            pool.clear()
+        buffers = pool[key] = [torch.empty(n, dtype=dtype) for _ in range(count)]
+    return buffers
 
 
 def apply_function(fn: type[torch.autograd.Function], *args: Any) -> Any:

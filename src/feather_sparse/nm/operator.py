@@ -58,7 +58,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from feather_sparse.ops import _ZERO, _block, _grad_block, _scratch, apply_function, compute_dtype
+from feather_sparse.ops import (
+    _ZERO,
+    BLOCK,
+    _block,
+    _grad_block,
+    apply_function,
+    compute_dtype,
+    pooled_scratch,
+)
 
 __all__ = [
     "NMPattern",
@@ -285,10 +293,31 @@ def _nm_forward(
         torch.addcmul(_ZERO, x, aux, out=out)
     else:  # P_T is zero wherever |w| <= T: the thresholds alone do the pruning
         aux = group_thresholds(w, pattern).mul_(ramp.to(dtype))
-        _block(x, aux, p, out, [b.view_as(x) for b in _scratch(x.numel(), dtype, w.device)])
+        _threshold_blocks(x, aux, p, out)
     if scale is not None:
         out.mul_(scale.to(dtype))
     return out.to(w.dtype).reshape(w.shape), aux
+
+
+def _threshold_blocks(x: Tensor, t: Tensor, p: float, out: Tensor) -> None:
+    """Write ``P_T`` of the ``(G, m)`` groups ``x`` with ``(G, 1)`` thresholds ``t`` into ``out``.
+
+    In blocks of about :data:`~feather_sparse.ops.BLOCK` elements, so that the
+    temporaries (pooled per thread, see :func:`~feather_sparse.ops.pooled_scratch`)
+    stay in the CPU cache. Each block's thresholds are first widened to the
+    block's ``(rows, m)`` shape: the three kernels of ``_block`` that read the
+    threshold run several times slower broadcasting a ``(rows, 1)`` tensor
+    along rows of ``m = 4`` than on a contiguous tensor of the same shape. The
+    values (hence the bits) are those of the whole-tensor computation.
+    """
+    g, m = x.shape
+    rows = max(1, min(g, BLOCK // m))
+    buffers = pooled_scratch(rows * m, x.dtype, x.device, 5)
+    for start in range(0, g, rows):
+        stop = min(start + rows, g)
+        parts = [b[: (stop - start) * m].view(stop - start, m) for b in buffers]
+        wide = parts[4].copy_(t[start:stop].expand(stop - start, m))
+        _block(x[start:stop], wide, p, out[start:stop], parts[:4])
 
 
 class _NMThresholdSTE(torch.autograd.Function):
