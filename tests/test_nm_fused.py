@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import pickle
 
 import pytest
 import torch
@@ -251,3 +252,22 @@ def test_resume_from_state_dict_with_fusion(monkeypatch: pytest.MonkeyPatch) -> 
     fit(resumed, pr2, opt2, batches[3:])
     for a, b in zip(pr.targets, pr2.targets):
         assert same_bits(a.weight.detach(), b.weight.detach())
+
+
+def test_a_copied_model_leaves_the_cache_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pickling and ``copy.deepcopy`` drop the cache; the copy builds its own."""
+    model = mlp()
+    pr = pruner(model, True, monkeypatch)
+    x = torch.randn(3, 16)
+    expected = model(x)
+    cache = pr.backbone._fused
+    assert cache is not None and cache._entries
+    assert not pickle.loads(pickle.dumps(cache))._entries
+    twin = copy.deepcopy(model)
+    twin_cache = twin[0].parametrizations.weight[0].backbone._fused
+    assert twin_cache is not None and twin_cache is not cache
+    assert torch.equal(twin(x), expected)  # layer by layer: registers the copy's layers
+    assert torch.equal(twin(x), expected)  # fused, from the copy's own weights
+    ours = {e.out.untyped_storage().data_ptr() for e in cache._entries.values()}
+    theirs = {e.out.untyped_storage().data_ptr() for e in twin_cache._entries.values()}
+    assert theirs and not ours & theirs

@@ -207,3 +207,7 @@ class FusedNMForward:
         """Drop every cached forward and ramp reference."""
         self._entries.clear()
         self._ramps.clear()
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled (``torch.save(model)``, ``copy.deepcopy``) without the cache: it is rebuilt."""
+        return {**self.__dict__, "_entries": {}, "_ramps": {}}
