@@ -271,3 +271,47 @@ def test_a_copied_model_leaves_the_cache_behind(monkeypatch: pytest.MonkeyPatch)
     ours = {e.out.untyped_storage().data_ptr() for e in cache._entries.values()}
     theirs = {e.out.untyped_storage().data_ptr() for e in twin_cache._entries.values()}
     assert theirs and not ours & theirs
+
+
+def test_bfloat16_weights_and_autocast_fused_equal_layer_by_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Half weights are computed in float32 and rounded once, fused or not; autocast too."""
+    runs = []
+    for fuse in (False, True):
+        model = mlp(dtype=torch.bfloat16)
+        pr = pruner(model, fuse, monkeypatch, theta=0.5)
+        opt = sgd(model)
+        for x, y in data(4):
+            opt.zero_grad()
+            F.cross_entropy(model(x.bfloat16()).float(), y).backward()
+            opt.step()
+            pr.step()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(torch.randn(2, 16, generator=torch.Generator().manual_seed(3)).bfloat16())
+        runs.append(([t.weight.detach().clone() for t in pr.targets], out))
+        pr.finalize()
+        for layer in (model[0], model[2], model[4]):
+            assert layer.weight.dtype == torch.bfloat16
+            assert int((layer.weight.reshape(-1, 4) != 0).sum(1).max()) <= 2
+    (a, out_a), (b, out_b) = runs
+    assert all(same_bits(x, y) for x, y in zip(a, b))
+    assert same_bits(out_a, out_b)
+
+
+def test_autocast_training_fused_equals_layer_by_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 weights under bfloat16 autocast (AMP on CPU): same bits either way."""
+    runs = []
+    for fuse in (False, True):
+        model = mlp()
+        pr = pruner(model, fuse, monkeypatch)
+        opt = sgd(model)
+        for x, y in data(4):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            pr.step()
+        runs.append([t.weight.detach().clone() for t in pr.targets])
+    assert all(same_bits(x, y) for x, y in zip(*runs))
