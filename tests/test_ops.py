@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import feather_sparse as fs
 from _guards import guard
-from feather_sparse.ops import OPERATORS, ThresholdOperator, _ThresholdSTE
+from feather_sparse.ops import OPERATORS, ThresholdOperator, _ThresholdSTE, apply_function
 
 FLOATS = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, width=32)
 POWERS = st.sampled_from([1.0, 1.5, 2.0, 3.0, 4.0, 8.0, math.inf])
@@ -367,3 +367,32 @@ def test_output_cache_not_used_without_grad() -> None:
         out = _cached_forward(w, cache)
     assert cache._out is None  # evaluation gives the memory back
     assert torch.equal(out, fs.threshold(w.detach(), torch.tensor(0.5)))
+
+
+def test_apply_function_matches_function_apply(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The direct C++ call gives ``.apply``'s values and gradients; compiling or
+    functorch takes ``.apply`` itself."""
+    w = torch.randn(64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    t = torch.tensor(0.5)
+    direct = apply_function(_ThresholdSTE, w, t, 3.0, 0.5, None)
+    (g_direct,) = torch.autograd.grad(direct.sum(), w)
+    reference = _ThresholdSTE.apply(w, t, 3.0, 0.5, None)
+    (g_reference,) = torch.autograd.grad(reference.sum(), w)
+    assert torch.equal(direct, reference) and torch.equal(g_direct, g_reference)
+
+    calls = []
+
+    class Recorded(_ThresholdSTE):
+        @classmethod
+        def apply(cls, *args):  # type: ignore[no-untyped-def, override]
+            calls.append(args)
+            return "via .apply"
+
+    assert torch.equal(apply_function(Recorded, w, t, 3.0, 0.5, None), reference)
+    assert not calls  # eager: the signature binding is skipped
+    monkeypatch.setattr(torch._C, "_are_functorch_transforms_active", lambda: True)
+    assert apply_function(Recorded, w, t, 3.0, 0.5, None) == "via .apply"
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert apply_function(Recorded, w, t, 3.0, 0.5, None) == "via .apply"
+    assert len(calls) == 2
