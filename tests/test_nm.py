@@ -250,3 +250,23 @@ def test_pooled_scratch_reuses_per_size_and_stays_bounded() -> None:
     assert len(_POOL.buffers) <= 8
     d = pooled_scratch(64, torch.float32, torch.device("meta"), 2)  # off the CPU: fresh
     assert d[0].device.type == "meta"
+
+
+def test_when_compiling_the_forward_is_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torch.compile (and on GPUs) one whole-tensor pass, no CPU pool, the same bits."""
+    import feather_sparse.nm.operator as operator
+
+    w = torch.randn(300, 256, generator=torch.Generator().manual_seed(5))
+    pattern = NMPattern(2, 4)
+    x, t = group_view(w, pattern), group_thresholds(w, pattern)
+    blocked = torch.empty_like(x)
+    _threshold_blocks(x, t, 3.0, blocked)
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the CPU pool was used")
+
+    monkeypatch.setattr(operator, "pooled_scratch", refuse)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    whole = torch.empty_like(x)
+    _threshold_blocks(x, t, 3.0, whole)
+    assert torch.equal(whole.view(torch.int32), blocked.view(torch.int32))

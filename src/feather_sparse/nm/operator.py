@@ -302,14 +302,19 @@ def _nm_forward(
 def _threshold_blocks(x: Tensor, t: Tensor, p: float, out: Tensor) -> None:
     """Write ``P_T`` of the ``(G, m)`` groups ``x`` with ``(G, 1)`` thresholds ``t`` into ``out``.
 
-    In blocks of about :data:`~feather_sparse.ops.BLOCK` elements, so that the
-    temporaries (pooled per thread, see :func:`~feather_sparse.ops.pooled_scratch`)
-    stay in the CPU cache. Each block's thresholds are first widened to the
+    On CPU (eager), in blocks of about :data:`~feather_sparse.ops.BLOCK`
+    elements, so that the temporaries (pooled per thread, see
+    :func:`~feather_sparse.ops.pooled_scratch`) stay in the cache; elsewhere
+    (GPUs, ``torch.compile``) in one pass. Each CPU block's thresholds are first widened to the
     block's ``(rows, m)`` shape: the three kernels of ``_block`` that read the
     threshold run several times slower broadcasting a ``(rows, 1)`` tensor
     along rows of ``m = 4`` than on a contiguous tensor of the same shape. The
     values (hence the bits) are those of the whole-tensor computation.
     """
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
+        # GPUs broadcast cheaply and pay per kernel launch; inductor fuses the chain.
+        _block(x, t, p, out, [torch.empty_like(x) for _ in range(4)])
+        return
     g, m = x.shape
     rows = max(1, min(g, BLOCK // m))
     buffers = pooled_scratch(rows * m, x.dtype, x.device, 5)
