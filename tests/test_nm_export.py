@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feather_sparse as fs
+from _guards import guard
 from feather_sparse.nm import NMPattern, decode_nm, encode_nm, nm_encoded_bytes, nm_threshold
 from feather_sparse.nm.export import _pack_bits, _unpack_bits
 
@@ -108,10 +109,34 @@ def test_finalized_model_round_trips() -> None:
 
 # ------------------------------------------------------------------- semi-structured
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the message shown without CUDA")
+@guard(
+    "`fs.to_semi_structured` without a CUDA GPU",
+    "`RuntimeError`: needs a CUDA GPU; keep the dense N:M weights or `encode_nm`/`.fsp`",
+)
 def test_to_semi_structured_without_cuda_says_why() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 64))
     with pytest.raises(RuntimeError, match=r"needs a CUDA GPU.*encode_nm"):
         fs.to_semi_structured(model)
+
+
+@guard(
+    "`fs.to_semi_structured` with a Pruner attached or float32/CPU layers",
+    "`RuntimeError`: call pruner.finalize() first; `ValueError`: model.half().cuda()",
+)
+def test_to_semi_structured_checks_before_converting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a GPU present (pretended here), an attached Pruner and a float32 CPU
+    layer are refused with messages naming the layer and the fix, and nothing is touched."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    pruner = fs.Pruner(model, pattern="2:4")
+    with pytest.raises(RuntimeError, match=r"layer '0' still has a Pruner attached.*finalize"):
+        fs.to_semi_structured(model)
+    pruner.finalize()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"layer '0' is torch.float32 on cpu.*half\(\)\.cuda\(\)"):
+        fs.to_semi_structured(model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 @pytest.mark.gpu

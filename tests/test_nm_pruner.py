@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import feather_sparse as fs
+from _guards import guard
 from feather_sparse.nm import NMBackbone, NMPattern, group_view
 
 
@@ -58,6 +59,10 @@ def test_pattern_implies_sparsity_and_backbone() -> None:
     assert pruner.theta == 1.0  # auto: S = 0.75 < 0.95
 
 
+@guard(
+    "`Pruner(pattern=...)` with another sparsity, backbone or `max_layer_sparsity`, or `4:4`",
+    "`ValueError` naming both settings (the pattern implies the sparsity)",
+)
 def test_conflicting_arguments_are_rejected() -> None:
     with pytest.raises(ValueError, match=r"prunes 0\.5 .* sparsity=0\.9"):
         fs.Pruner(small_model(), pattern="2:4", sparsity=0.9)
@@ -74,6 +79,10 @@ def test_conflicting_arguments_are_rejected() -> None:
         fs.Pruner(small_model(), pattern="4:4")
 
 
+@guard(
+    '`Pruner(pattern="2:4")` with a layer whose reduction dimension is not a multiple of M',
+    "`ValueError` naming the layer: leave it dense with `exclude`/`min_params`; nothing attached",
+)
 def test_bad_layer_named_and_exclude_or_min_params_skip_it() -> None:
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 16))
     with pytest.raises(ValueError, match=r"layer '0' .* reduction dimension of 6"):
@@ -129,6 +138,10 @@ def test_finalize_counts_and_structure_golden() -> None:
     assert model[0].weight.tolist() == [[0.0, -4, 3, 0, 0.5, 0, 0, 8], [1, 1, 0, 0, 0, 0, 0, 0]]
 
 
+@guard(
+    "`finalize(sparsity=...)` of an N:M Pruner below its pattern",
+    "`ValueError` before anything is baked; the Pruner stays attached",
+)
 def test_finalize_below_the_pattern_is_refused_and_undoable() -> None:
     model = small_model()
     pruner = fs.Pruner(model, pattern="2:4")

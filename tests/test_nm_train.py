@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import torch
 
+import feather_sparse as fs
+from _guards import guard
 from _helpers import straight_and_resumed, tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli
 from feather_sparse.methods import pruner_config
@@ -42,6 +44,10 @@ def test_pattern_field_sets_the_sparsity_and_reaches_the_pruner_config() -> None
     assert plain.make_schedule().name == "cubic"
 
 
+@guard(
+    "`--pattern` with another `--sparsity`, a malformed pattern, or an N:M method without it",
+    "`ValueError` naming the option to change",
+)
 def test_pattern_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match=r"pattern 2:4 prunes 0\.5 .* sparsity 0\.9"):
         small_config(pattern="2:4", sparsity=0.9)
@@ -69,8 +75,6 @@ def test_cli_trains_an_nm_model_end_to_end(
     assert saved["pattern"] == "2:4" and saved["backbone"] == {"name": "nm", "pattern": "2:4"}
     # The first conv (1 channel, kernel 5: reduction 5) cannot hold 2:4 and stays dense.
     assert "features.0" in saved["exclude"] and "features.0" not in saved["targets"]
-    import feather_sparse as fs
-
     model = fs.load_sparse(run / "model.fsp")
     pattern = NMPattern.parse("2:4")
     for name in saved["targets"]:
