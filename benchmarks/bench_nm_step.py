@@ -11,17 +11,24 @@ gradients, where the fused forward is computed once per step instead of once
 per micro-batch.
 
     python benchmarks/bench_nm_step.py [--models mnist1d_cnn mnist1d_mlpmixer]
-        [--micro 1 4] [--repeats 21]
+        [--micro 1 4] [--repeats 21] [--floors] [--compile]
+
+``--floors`` adds the hard N:M mask (p = ∞) and an identity
+parametrization on the same layers, the cost of the plumbing alone.
+``--compile`` adds the dense and the 2:4 step with ``torch.compile(model)``
+(inductor), each compiled row's ratio taken to the compiled dense step.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 import feather_sparse as fs
 from _timing import compare, machine, train_step
@@ -50,10 +57,41 @@ def layer_by_layer() -> Iterator[None]:
         fused.FUSE_MAX_NUMEL = saved
 
 
-def variants(name: str, micro: int) -> dict[str, Callable[[], None]]:
+def floors(name: str, micro: int) -> dict[str, Callable[[], None]]:
+    """Steps that bound what the eager operator could reach: the hard N:M mask
+    (p = ∞, a few kernels instead of ~16), and an identity parametrization on
+    the same layers (the cost of ``torch.nn.utils.parametrize`` alone)."""
+
+    class Identity(nn.Module):
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return w
+
+    torch.manual_seed(0)
+    hard = fs.create_model(name)
+    pruner = fs.Pruner(hard, pattern="2:4", p=math.inf, exclude=EXCLUDE[name])
+    torch.manual_seed(0)
+    plain = fs.create_model(name)
+    for module in (m for m in hard.modules() if parametrize.is_parametrized(m, "weight")):
+        target = plain.get_submodule(next(n for n, m in hard.named_modules() if m is module))
+        parametrize.register_parametrization(target, "weight", Identity())
+    return {
+        "2:4 hard (p=∞)": make_step(hard, pruner, micro),
+        "identity parametrization": make_step(plain, None, micro),
+    }
+
+
+def variants(name: str, micro: int, compiled: bool = False) -> dict[str, Callable[[], None]]:
     def fresh() -> nn.Module:
         torch.manual_seed(0)
         return fs.create_model(name)
+
+    if compiled:  # the same step with the model's forward compiled (inductor), Pruner attached
+        m = fresh()
+        pruner = fs.Pruner(m, pattern="2:4", exclude=EXCLUDE[name])
+        return {
+            "compiled: dense": make_step(torch.compile(fresh()), None, micro),
+            "compiled: 2:4 feather θ=1": make_step(torch.compile(m), pruner, micro),
+        }
 
     def nm(**kwargs: object) -> Callable[[], None]:
         m = fresh()
@@ -78,6 +116,16 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["mnist1d_cnn", "mnist1d_mlpmixer"])
     parser.add_argument("--micro", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time the steps with torch.compile(model), against the compiled dense step",
+    )
+    parser.add_argument(
+        "--floors",
+        action="store_true",
+        help="also time the hard mask (p=inf) and an identity parametrization",
+    )
     args = parser.parse_args()
     print(machine())
     print()
@@ -85,9 +133,14 @@ def main() -> None:
     print("|---|---:|---|---:|---:|")
     for name in args.models:
         for micro in args.micro:
-            times = compare(variants(name, micro), repeats=args.repeats, warmup=3)
-            base = times["dense"]
+            steps = variants(name, micro)
+            if args.floors:
+                steps |= floors(name, micro)
+            if args.compile:
+                steps |= variants(name, micro, compiled=True)
+            times = compare(steps, repeats=args.repeats, warmup=3)
             for variant, t in times.items():
+                base = times["compiled: dense" if variant.startswith("compiled") else "dense"]
                 print(f"| {name} | {micro} | {variant} | {t * 1e3:.2f} | {t / base:.2f} |")
 
 
