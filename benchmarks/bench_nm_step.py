@@ -3,12 +3,13 @@
 Models: the bundled CNN (``mnist1d_cnn``, batch 128, its 5-wide first conv
 left dense) and the Linear-heavy ``mnist1d_mlpmixer`` (batch 128). Variants:
 dense; ``Pruner(pattern="2:4")`` (Feather, p = 3, θ = 1); the same with
-every layer's forward computed alone (``nm.fused`` off); the same at
-θ = 0.5; and unstructured Feather-Global at 50 % for reference. The ratio
-to dense is what the issue's target (≤ 1.1×) refers to. ``--micro 1 4``
-(default) times each step also as 4 micro-batches of 32 with accumulated
-gradients, where the fused forward is computed once per step instead of once
-per micro-batch.
+every layer's forward computed alone at every forward, nothing kept
+(``nm.fused`` off: no fusion, no cache); the same at θ = 0.5; and
+unstructured Feather-Global at 50 % for reference. The ratio to dense is
+what the issue's target (≤ 1.1×) refers to. ``--micro 1 4`` (default) times
+each step also as 4 micro-batches of 32 with accumulated gradients, where
+the cached N:M forward is computed once per step instead of once per
+micro-batch.
 
     python benchmarks/bench_nm_step.py [--models mnist1d_cnn mnist1d_mlpmixer]
         [--micro 1 4] [--repeats 21] [--floors] [--compile]
@@ -48,13 +49,14 @@ def make_step(model: nn.Module, pruner: fs.Pruner | None, micro: int) -> Callabl
 
 @contextlib.contextmanager
 def layer_by_layer() -> Iterator[None]:
-    """Pruners attached inside compute every layer's N:M forward alone (no fusion)."""
-    saved = fused.FUSE_MAX_NUMEL
-    fused.FUSE_MAX_NUMEL = 0
+    """Pruners attached inside compute every layer's N:M forward alone, at every
+    forward, keeping nothing (no fusion, no cache of layers computed alone)."""
+    saved = fused.FUSE_MAX_NUMEL, fused.CACHE_ALONE
+    fused.FUSE_MAX_NUMEL, fused.CACHE_ALONE = 0, False
     try:
         yield
     finally:
-        fused.FUSE_MAX_NUMEL = saved
+        fused.FUSE_MAX_NUMEL, fused.CACHE_ALONE = saved
 
 
 def floors(name: str, micro: int) -> dict[str, Callable[[], None]]:

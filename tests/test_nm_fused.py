@@ -39,7 +39,9 @@ def data(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def pruner(model: nn.Module, fuse: bool, monkeypatch: pytest.MonkeyPatch, **kwargs) -> fs.Pruner:
+    """A Pruner with the fused path and the cache of layers computed alone on, or neither."""
     monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", DEFAULT_MAX if fuse else 0)
+    monkeypatch.setattr(fused, "CACHE_ALONE", fuse)
     pr = fs.Pruner(model, **{"pattern": "2:4", **kwargs})
     assert (pr.backbone._fused is not None) == fuse
     return pr
@@ -108,6 +110,7 @@ def test_fused_methods_equal_layer_by_layer(method: str, monkeypatch: pytest.Mon
     for fuse in (False, True):
         model = mlp()
         monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", DEFAULT_MAX if fuse else 0)
+        monkeypatch.setattr(fused, "CACHE_ALONE", fuse)
         pr = fs.make_pruner(model, method, total_steps=6)
         assert (pr.backbone._fused is not None) == fuse
         runs.append(train(model, pr, 6))
@@ -179,6 +182,7 @@ def test_large_layers_inference_mode_and_compile_take_the_plain_path(
     F.cross_entropy(model(torch.randn(2, 16)), torch.tensor([0, 1])).backward()
     assert calls[0] == 1
     monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", 600)  # the 32×32 layer is "large" now
+    monkeypatch.setattr(fused, "CACHE_ALONE", False)
     other = mlp()
     big = fs.Pruner(other, pattern="2:4")
     assert big.backbone._fused is not None
@@ -315,3 +319,125 @@ def test_autocast_training_fused_equals_layer_by_layer(monkeypatch: pytest.Monke
             pr.step()
         runs.append([t.weight.detach().clone() for t in pr.targets])
     assert all(same_bits(x, y) for x, y in zip(*runs))
+
+
+# ------------------------------------------------------- layers computed alone
+def alone_pruner(
+    model: nn.Module, monkeypatch: pytest.MonkeyPatch, method: str | None = None, **kwargs
+) -> fs.Pruner:
+    """Every layer computed alone (nothing fused), with the repeat-triggered cache on."""
+    monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", 0)
+    monkeypatch.setattr(fused, "CACHE_ALONE", True)
+    if method is not None:
+        return fs.make_pruner(model, method, total_steps=6)
+    return fs.Pruner(model, **{"pattern": "2:4", **kwargs})
+
+
+def count_computations(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Calls of the N:M forward: ``plain`` (layer by layer) and ``cached`` (stored alone)."""
+    from feather_sparse.nm import operator
+
+    calls = {"plain": 0, "cached": 0}
+
+    def counted(key: str, original):  # type: ignore[no-untyped-def]
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls[key] += 1
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(operator, "_nm_forward", counted("plain", operator._nm_forward))
+    monkeypatch.setattr(fused, "_nm_forward", counted("cached", fused._nm_forward))
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("method", "kwargs"),
+    [(None, {}), (None, {"theta": 0.5}), ("sr-ste", {}), ("s-ste", {})],
+    ids=["feather", "theta", "sr-ste", "s-ste"],
+)
+def test_accumulation_caches_layers_computed_alone_bit_for_bit(
+    method: str | None, kwargs: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With 4 micro-batches a step, a layer computed alone is computed once a step
+    and its other forwards are served from the cache; training gives the uncached
+    run's bits."""
+    model = mlp()
+    pr = alone_pruner(model, monkeypatch, method, **kwargs)
+    assert pr.backbone._fused is not None and not any(pr.backbone._fused.eligible)
+    calls = count_computations(monkeypatch)
+    cached = train(model, pr, 3, accumulate=4)
+    layers = len(pr.targets)
+    # one computation per layer and step (uncached: one per micro-batch, 12);
+    # the Pruner's attach already read the weights, so the first forward repeats
+    assert calls == {"plain": 0, "cached": 3 * layers}
+    reference = mlp()
+    monkeypatch.setattr(fused, "CACHE_ALONE", False)
+    ref_pr = (
+        fs.make_pruner(reference, method, total_steps=6)
+        if method
+        else pruner(reference, False, monkeypatch, **kwargs)
+    )
+    assert ref_pr.backbone._fused is None
+    for a, b in zip(cached, train(reference, ref_pr, 3, accumulate=4)):
+        assert same_bits(a, b)
+
+
+def test_one_forward_per_update_keeps_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = mlp()
+    pr = alone_pruner(model, monkeypatch)
+    calls = count_computations(monkeypatch)
+    train(model, pr, 4)
+    # the first forward repeats the read made when the Pruner attached and is
+    # cached; unused before the update, that entry is dropped, and every later
+    # forward computes its layer without keeping it
+    assert calls == {"plain": 3 * 3, "cached": 3}
+    assert pr.backbone._fused._entries == {}
+
+
+def test_evaluation_batches_cache_then_training_drops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evaluation forwards between updates are served from the cache; once the
+    forwards are one per update again, the entry goes (never used again before the
+    weight changed) and with it the memory it held."""
+    model = mlp()
+    pr = alone_pruner(model, monkeypatch)
+    batches = data(3)
+    opt = sgd(model)
+    fit(model, pr, opt, batches[:1])
+    calls = count_computations(monkeypatch)
+    with torch.no_grad():
+        outs = [model(torch.randn(4, 16)) for _ in range(3)]  # plain, cached, hit
+    assert calls == {"plain": 3, "cached": 3} and all(o.shape == (4, 8) for o in outs)
+    fit(model, pr, opt, batches[1:2])  # its forward is a hit: nothing changed since
+    assert calls == {"plain": 3, "cached": 3}
+    fit(model, pr, opt, batches[2:3])  # new weights, entry used before: recomputed, kept
+    assert calls == {"plain": 3, "cached": 6} and len(pr.backbone._fused._entries) == 3
+    fit(model, pr, opt, batches[:1])  # new weights, entry unused since: dropped, plain
+    assert calls == {"plain": 6, "cached": 6} and pr.backbone._fused._entries == {}
+    for t, layer in zip(pr.targets, [model[0], model[2], model[4]]):
+        assert same_bits(layer.weight, nm_threshold(t.weight.detach(), "2:4"))
+
+
+def test_cached_alone_sees_an_edit_through_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repeat is recognised by the version counter, which ``.data`` edits do not
+    move; validity is still decided by the bits."""
+    model = mlp()
+    pr = alone_pruner(model, monkeypatch)
+    x = torch.randn(3, 16)
+    model(x)
+    before = model(x)  # repeated: cached
+    assert len(pr.backbone._fused._entries) == 3
+    w = pr.targets[1].weight
+    version = w._version
+    w.data.mul_(-2.0)
+    assert w._version == version
+    assert same_bits(model[2].weight, nm_threshold(w.detach(), "2:4"))
+    assert not torch.equal(model(x), before)
+
+
+def test_pickled_cache_from_before_layers_were_cached_alone() -> None:
+    """A FusedNMForward pickled without the fields this cache added still loads."""
+    state = {"pattern": fs.NMPattern(2, 4), "eligible": [True, True], "_ramps": {}, "_entries": {}}
+    restored = FusedNMForward.__new__(FusedNMForward)
+    restored.__setstate__(state)
+    assert restored.alone is False and restored._seen == {}

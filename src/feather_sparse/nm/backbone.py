@@ -110,7 +110,11 @@ class NMBackbone(Backbone):
             check_layout(t.name, t.module, t.weight, self.pattern)
         super().setup(targets)
         eligible = [0 < t.weight.numel() <= _fused.FUSE_MAX_NUMEL for t in targets]
-        self._fused = FusedNMForward(self.pattern, eligible) if sum(eligible) >= 2 else None
+        if sum(eligible) < 2:  # a pass of one layer is that layer alone
+            eligible = [False] * len(targets)
+        alone = _fused.CACHE_ALONE
+        cached = any(eligible) or alone
+        self._fused = FusedNMForward(self.pattern, eligible, alone) if cached else None
 
     def advance(self, step: int, total_steps: int, final_sparsity: float) -> None:
         if not math.isclose(final_sparsity, self.pattern.sparsity, abs_tol=1e-12):

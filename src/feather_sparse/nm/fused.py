@@ -24,19 +24,30 @@ layer-by-layer one; the only possible difference is the last bit of the
 its vectorised loop and the other in its scalar tail (none, when every
 layer's size is a multiple of 64).
 
-Where it is off (layer by layer instead): weights over
-:data:`FUSE_MAX_NUMEL` (their kernels are long enough: fusing the bundled
-CNN's convolutions, 24,576 to 98,304 weights, showed no gain), weights off
-the CPU (the bit
-comparison would wait for the device at every layer), frozen masks
+Layers computed alone. Weights over :data:`FUSE_MAX_NUMEL` are not fused
+(their kernels are long enough: fusing the bundled CNN's convolutions,
+24,576 to 98,304 weights, showed no gain), and with one forward per
+optimizer step they are computed at every forward with nothing kept. When a
+layer's forward comes again before its weight changed — gradient
+accumulation, several evaluation batches — its ``P_T(w)`` is cached alone,
+under the same validity rules, for as long as that pays: an entry that was
+never used again before the weight changed is dropped, and the layer goes
+back to computing at each forward (:data:`CACHE_ALONE`). A repeat is
+recognised by the weight's version counter, which an optimizer step or any
+in-place write under autograd moves; that only decides *whether* to cache,
+never whether a cached result is valid (the bits decide that).
+
+Where it is off (layer by layer, nothing kept): weights off the CPU (the
+bit comparison would wait for the device at every layer), frozen masks
 (one-shot), sharded weights (FSDP2), ``torch.compile``/``torch.export``/JIT
 tracing (the compiler fuses on its own, and a cached tensor must not be
 traced as a constant) and inference mode (its tensors cannot be saved for a
 later backward).
 
 Memory. The cache keeps, between steps, a copy of the small layers' weights
-(the bit reference) and their ``P_T(w)`` — at most twice the small layers'
-weights; :meth:`clear` drops it (the Pruner does on ``finalize``/``remove``).
+(the bit reference) and their ``P_T(w)`` — twice the small layers'
+weights — and, only while forwards repeat between updates, the same for a
+large layer; :meth:`clear` drops it (the Pruner does on ``finalize``/``remove``).
 """
 
 from __future__ import annotations
@@ -49,12 +60,17 @@ from torch import Tensor, nn
 
 from feather_sparse.nm.operator import NMPattern, _nm_forward
 
-__all__ = ["FUSE_MAX_NUMEL", "FusedNMForward"]
+__all__ = ["CACHE_ALONE", "FUSE_MAX_NUMEL", "FusedNMForward"]
 
 #: Weights with more entries than this are computed layer by layer (their
 #: kernels are long enough that a launch costs little). Read when a Pruner
 #: attaches: set it to 0 beforehand to compute every layer alone.
 FUSE_MAX_NUMEL = 1 << 14
+
+#: Cache the forward of a layer computed alone while its forwards repeat
+#: between weight updates (see the module docstring). Read when a Pruner
+#: attaches; with it False and :data:`FUSE_MAX_NUMEL` 0 nothing is cached.
+CACHE_ALONE = True
 
 #: Integer views for the bit-for-bit comparison of a weight with its reference.
 _BITS = {
@@ -83,6 +99,7 @@ class _Entry:
     ramp: Tensor  # the ramp buffer it used (identity and version are checked)
     ramp_version: int
     p: float
+    hits: int = 0  # uses after the computation (layers computed alone)
 
 
 def _traced() -> bool:
@@ -96,18 +113,22 @@ class FusedNMForward:
         pattern: the N:M pattern of every layer.
         eligible: for each layer (the backbone's target order), whether it
             may be computed with the others (small enough, no frozen mask).
+        alone: whether the other layers are cached alone while their
+            forwards repeat between updates.
     """
 
-    def __init__(self, pattern: NMPattern, eligible: Sequence[bool]) -> None:
+    def __init__(self, pattern: NMPattern, eligible: Sequence[bool], alone: bool = True) -> None:
         self.pattern = pattern
         self.eligible = list(eligible)
+        self.alone = alone
         self._ramps: dict[int, Tensor] = {}
         self._entries: dict[int, _Entry] = {}
+        self._seen: dict[int, tuple[int, int]] = {}  # layer → (id, version) at its last forward
 
     def usable(self, index: int, weight: Tensor) -> bool:
-        """Whether tensor ``index`` may take the fused path in this call."""
+        """Whether tensor ``index`` may take the cached path in this call."""
         return (  # tracing first: the compiler cannot trace the inference-mode query
-            self.eligible[index]
+            (self.eligible[index] or self.alone)
             and not _traced()
             and type(weight) in (Tensor, nn.Parameter)
             and weight.device.type == "cpu"
@@ -133,9 +154,13 @@ class FusedNMForward:
             scales: every tensor's forward scale (S-STE's β), or None.
 
         Returns:
-            None when fewer than two layers would share the pass (the
-            caller then computes the layer alone).
+            None when fewer than two layers would share the pass, or a layer
+            computed alone is not (or no longer) cached: the caller then
+            computes the layer itself.
         """
+        if not self.eligible[index]:
+            scale = None if scales is None else scales[index]
+            return self._alone(index, weight, ramp, p, scale)
         first = index not in self._ramps
         self._ramps[index] = ramp
         if first:  # the first forward runs layer by layer and registers every ramp
@@ -158,6 +183,28 @@ class FusedNMForward:
         self._compute(sorted(group), p, stored, scales)
         entry = self._entries[index]
         return entry.out, entry.aux
+
+    def _alone(
+        self, index: int, weight: Tensor, ramp: Tensor, p: float, scale: Tensor | None
+    ) -> tuple[Tensor, Tensor] | None:
+        """A layer outside the fused pass: cached while its forwards repeat."""
+        entry = self._entries.get(index)
+        if entry is not None:
+            if self._valid(entry, weight, ramp, p):
+                entry.hits += 1
+                return entry.out, entry.aux
+            if entry.hits == 0:  # never used again before the weight changed: stop caching
+                del self._entries[index]
+                entry = None
+        mark = (id(weight), weight._version)
+        repeated, self._seen[index] = self._seen.get(index) == mark, mark
+        if entry is None and not repeated:
+            return None
+        with torch.no_grad():
+            reference = weight.detach().clone()
+            out, aux = _nm_forward(reference, self.pattern, ramp, p, None, scale)
+        self._entries[index] = _Entry(reference, out, aux, ramp, ramp._version, p)
+        return out, aux
 
     @staticmethod
     def _valid(entry: _Entry, weight: Tensor, ramp: Tensor, p: float) -> bool:
@@ -210,7 +257,12 @@ class FusedNMForward:
         """Drop every cached forward and ramp reference."""
         self._entries.clear()
         self._ramps.clear()
+        self._seen.clear()
 
     def __getstate__(self) -> dict[str, object]:
         """Pickled (``torch.save(model)``, ``copy.deepcopy``) without the cache: it is rebuilt."""
-        return {**self.__dict__, "_entries": {}, "_ramps": {}}
+        return {**self.__dict__, "_entries": {}, "_ramps": {}, "_seen": {}}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        """Unpickled, also from a version without the cache of layers computed alone."""
+        self.__dict__.update({"alone": False, "_seen": {}, **state})
