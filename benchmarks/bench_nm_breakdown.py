@@ -15,7 +15,8 @@ timed on its own, all interleaved round-robin in one run:
 - **reading the weights, nothing changed**: every pruned weight read again
   with no change in between: for the layers of the fused forward
   (``nm.fused``) the parametrization, the validity check and the autograd
-  node only; a layer computed alone (the CNN's) computes it all again;
+  node only; a layer computed alone (the CNN's) computes it all again, as
+  with one batch per step (its cache of repeated forwards is off here);
 - **`pruner.step()`**.
 
 "rest" is the overhead less the forward after an update and
@@ -37,7 +38,7 @@ from torch import nn
 import feather_sparse as fs
 from _timing import compare, machine
 from bench_nm_step import EXCLUDE, make_step
-from feather_sparse.nm import NMPattern
+from feather_sparse.nm import NMPattern, fused
 from feather_sparse.nm.operator import _nm_forward
 
 
@@ -58,7 +59,14 @@ def parts(name: str) -> dict[str, Callable[[], object]]:
         "2:4 step": make_step(nm, fs.Pruner(nm, pattern="2:4", exclude=EXCLUDE[name]), 1),
     }
     model = fresh()
-    pruner = fs.Pruner(model, pattern="2:4", exclude=EXCLUDE[name])
+    # The parts are timed as in training with one batch per step, where a layer
+    # computed alone is computed at every forward: its repeat-triggered cache
+    # (nm.fused.CACHE_ALONE), which the repeated reads here would switch on, stays off.
+    saved, fused.CACHE_ALONE = fused.CACHE_ALONE, False
+    try:
+        pruner = fs.Pruner(model, pattern="2:4", exclude=EXCLUDE[name])
+    finally:
+        fused.CACHE_ALONE = saved
     layers = pruned_layers(model)
     stored = [m.parametrizations["weight"].original for m in layers]
     x = torch.randn(128, 1, 40)
