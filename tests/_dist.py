@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import sys
 import tempfile
 from collections.abc import Callable
 from datetime import timedelta
@@ -45,6 +46,15 @@ def _entry(rank: int, world: int, port: int, out: str, fn: Callable[[int, int], 
     finally:
         dist.destroy_process_group()
     Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+    # Done: leave without the interpreter's teardown. There, now and then, a
+    # C++ thread of torch's distributed runtime is destroyed while still
+    # joinable and std::terminate aborts the process ("terminate called
+    # without an active exception", SIGABRT) after every result is written:
+    # about 1 launch in 10 of the FSDP2 N:M scenario on 2 cores, with both
+    # result files present. Nothing of the test's work is skipped by this.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def launch(fn: Callable[[int, int], Any], world: int = 2) -> list[Any]:
