@@ -11,6 +11,17 @@ on a CPU::
 
     python examples/prune_transformer.py
     python examples/prune_transformer.py --sparsity 0.9 --steps 400
+    python examples/prune_transformer.py --pattern 2:4
+
+With ``--pattern 2:4`` (or ``4:8``, ``1:4``) the blocks are trained to an
+N:M pattern instead — Feather's operator within each group of M consecutive
+input weights, the layout NVIDIA's sparse tensor cores run — and the script
+checks every group after ``finalize()`` and prints the compact N:M size of
+the pruned weights (``fs.encode_nm``: kept values plus in-group positions)
+against dense fp16. On a GPU, ``fs.to_semi_structured(model.half().cuda())``
+would turn 2:4 layers into PyTorch's semi-structured sparse tensors — but
+only layers of at least 32 × 64 whose sides are multiples of that in fp16,
+which this toy model's 48-wide layers are not (it stays dense).
 
 Why keep the head dense: its rows are the output logits of every token, it is
 small next to the blocks, and in models that tie it to the input embedding
@@ -106,6 +117,7 @@ class MarkovData:
 @dataclass(frozen=True)
 class Result:
     sparsity: float  # achieved by finalize over the pruned Linear weights
+    pattern: str | None  # the N:M pattern trained to, or None (unstructured)
     loss_start: float
     loss_end: float
     floor: float  # the true chain's loss on the held-out tokens
@@ -119,8 +131,14 @@ def evaluate(model: nn.Module, tokens: Tensor) -> float:
         return float(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()))
 
 
-def run(sparsity: float = 0.8, steps: int = 200, batch: int = 32, seed: int = 0) -> Result:
-    """Train and prune; returns the numbers the script prints."""
+def run(
+    sparsity: float = 0.8,
+    steps: int = 200,
+    batch: int = 32,
+    seed: int = 0,
+    pattern: str | None = None,
+) -> Result:
+    """Train and prune (to ``sparsity`` or an N:M ``pattern``); returns what the script prints."""
     torch.manual_seed(seed)
     cfg = Config()
     model = TinyGPT(cfg)
@@ -129,9 +147,11 @@ def run(sparsity: float = 0.8, steps: int = 200, batch: int = 32, seed: int = 0)
     loss_start = evaluate(model, held_out)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    # An N:M pattern implies its sparsity (2:4 prunes half): pass one or the other.
+    target = {"pattern": pattern} if pattern else {"sparsity": sparsity}
     pruner = fs.Pruner(
         model,
-        sparsity=sparsity,
+        **target,
         total_steps=steps,
         include=(nn.Linear,),  # the default also has Conv1d/2d/3d; Embedding is never included
         exclude=["head"],  # keep the language-model head dense ("re:<regex>" also works)
@@ -147,7 +167,30 @@ def run(sparsity: float = 0.8, steps: int = 200, batch: int = 32, seed: int = 0)
     report = pruner.report()
     achieved = pruner.finalize()  # plain nn.Linear weights with exact zeros
     loss_end = evaluate(model, held_out)
-    return Result(achieved, loss_start, loss_end, data.loss_floor(held_out), report, model)
+    floor = data.loss_floor(held_out)
+    return Result(achieved, pattern, loss_start, loss_end, floor, report, model)
+
+
+def pruned_linears(model: TinyGPT) -> list[nn.Linear]:
+    return [m for m in model.blocks.modules() if isinstance(m, nn.Linear)]
+
+
+def nm_summary(model: TinyGPT, pattern: str) -> str:
+    """Check the pattern in every group of the pruned layers and size its compact encoding."""
+    n, m = (int(v) for v in pattern.split(":"))
+    weights = [layer.weight.detach() for layer in pruned_linears(model)]
+    worst = max(int((w.reshape(-1, m) != 0).sum(1).max()) for w in weights)
+    if worst > n:
+        raise AssertionError(f"a group of {m} holds {worst} nonzeros, more than {n}")
+    compact = 0
+    for w in weights:
+        values, positions = fs.encode_nm(w.half(), pattern)
+        compact += values.numel() * values.element_size() + positions.numel()
+    dense = sum(w.numel() for w in weights) * 2
+    return (
+        f"every group of {m} holds at most {n} nonzeros; N:M encoding of the pruned "
+        f"weights: {compact:,} bytes in fp16 against {dense:,} dense ({compact / dense:.3f})"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,15 +198,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sparsity", type=float, default=0.8, help="target sparsity (0.8)")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps (200)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--pattern", default=None, help="train to an N:M pattern instead, e.g. 2:4 (implies 0.5)"
+    )
     args = parser.parse_args(argv)
-    result = run(args.sparsity, args.steps, seed=args.seed)
+    result = run(args.sparsity, args.steps, seed=args.seed, pattern=args.pattern)
     print(result.report.table())
+    target = args.pattern or f"{args.sparsity:.0%}"
     print(
-        f"\nsparsity of the pruned Linear layers: {result.sparsity:.2%} "
-        f"(target {args.sparsity:.0%})\n"
+        f"\nsparsity of the pruned Linear layers: {result.sparsity:.2%} (target {target})\n"
         f"held-out loss: {result.loss_start:.3f} at init -> {result.loss_end:.3f} "
         f"(uniform guess {math.log(Config.vocab):.3f}, true chain {result.floor:.3f})"
     )
+    if args.pattern:
+        print(nm_summary(result.model, args.pattern))
     return 0
 
 

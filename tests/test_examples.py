@@ -49,3 +49,36 @@ def test_prune_transformer_script_prints_its_summary(capsys: pytest.CaptureFixtu
     assert example.main(["--steps", "20", "--sparsity", "0.5"]) == 0
     out = capsys.readouterr().out
     assert "| **total** |" in out and "sparsity of the pruned Linear layers: 50.00%" in out
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_prune_transformer_to_2_4_keeps_two_of_every_four_and_learns() -> None:
+    example = load("prune_transformer")
+    result = example.run(pattern="2:4")
+    blocks = example.pruned_linears(result.model)
+    assert blocks and not any(hasattr(m, "parametrizations") for m in result.model.modules())
+    for layer in blocks:  # exactly 2 nonzeros in every group of 4 input weights
+        counts = (layer.weight.detach().reshape(-1, 4) != 0).sum(1)
+        assert (counts == 2).all(), layer
+    assert result.pattern == "2:4" and result.sparsity == pytest.approx(0.5)
+    assert int((result.model.head.weight == 0).sum()) == 0
+    assert result.loss_end < 0.5 * math.log(example.Config.vocab) < result.loss_start
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_prune_transformer_script_with_a_pattern_checks_and_sizes_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    example = load("prune_transformer")
+    assert example.main(["--steps", "20", "--pattern", "1:4"]) == 0
+    out = capsys.readouterr().out
+    assert "N:M pattern 1:4" in out and "sparsity of the pruned Linear layers: 75.00%" in out
+    # 1:4 in fp16: per group one 2-byte value and one 2-bit position, 0.281 of dense
+    assert "every group of 4 holds at most 1 nonzeros" in out and "(0.281)" in out
+
+
+def test_nm_summary_refuses_a_broken_pattern() -> None:
+    example = load("prune_transformer")
+    model = example.TinyGPT(example.Config())  # dense: groups of 4 hold 4 nonzeros
+    with pytest.raises(AssertionError, match="holds 4 nonzeros, more than 2"):
+        example.nm_summary(model, "2:4")
