@@ -37,7 +37,7 @@ from torch import nn
 
 import feather_sparse as fs
 from _timing import compare, machine
-from bench_nm_step import EXCLUDE, make_step
+from bench_nm_step import EXCLUDE, fresh, make_step
 from feather_sparse.nm import NMPattern, fused
 from feather_sparse.nm.operator import _nm_forward
 
@@ -48,17 +48,12 @@ def pruned_layers(model: nn.Module) -> list[nn.Module]:
 
 def parts(name: str) -> dict[str, Callable[[], object]]:
     """The timed functions: the two steps and the Pruner's parts."""
-
-    def fresh() -> nn.Module:
-        torch.manual_seed(0)
-        return fs.create_model(name)
-
-    dense, nm = fresh(), fresh()
+    dense, nm = fresh(name), fresh(name)
     steps = {
         "dense step": make_step(dense, None, 1),
         "2:4 step": make_step(nm, fs.Pruner(nm, pattern="2:4", exclude=EXCLUDE[name]), 1),
     }
-    model = fresh()
+    model = fresh(name)
     # The parts are timed as in training with one batch per step, where a layer
     # computed alone is computed at every forward: its repeat-triggered cache
     # (nm.fused.CACHE_ALONE), which the repeated reads here would switch on, stays off.

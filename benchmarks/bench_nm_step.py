@@ -59,52 +59,54 @@ def layer_by_layer() -> Iterator[None]:
         fused.FUSE_MAX_NUMEL, fused.CACHE_ALONE = saved
 
 
+def fresh(name: str) -> nn.Module:
+    """The bundled model ``name``, initialised from seed 0 (the same weights every call)."""
+    torch.manual_seed(0)
+    return fs.create_model(name)
+
+
 def floors(name: str, micro: int) -> dict[str, Callable[[], None]]:
-    """Steps that bound what the eager operator could reach: the hard N:M mask
-    (p = ∞, a few kernels instead of ~16), and an identity parametrization on
-    the same layers (the cost of ``torch.nn.utils.parametrize`` alone)."""
+    """Reference steps: the hard N:M mask (p = ∞: no ``log``/``exp``, but the
+    exact tie-breaking rank of every weight on integer keys), and an identity
+    parametrization on the same layers (the cost of ``torch.nn.utils.parametrize`` alone)."""
 
     class Identity(nn.Module):
         def forward(self, w: torch.Tensor) -> torch.Tensor:
             return w
 
-    torch.manual_seed(0)
-    hard = fs.create_model(name)
+    hard = fresh(name)
     pruner = fs.Pruner(hard, pattern="2:4", p=math.inf, exclude=EXCLUDE[name])
-    torch.manual_seed(0)
-    plain = fs.create_model(name)
-    for module in (m for m in hard.modules() if parametrize.is_parametrized(m, "weight")):
-        target = plain.get_submodule(next(n for n, m in hard.named_modules() if m is module))
-        parametrize.register_parametrization(target, "weight", Identity())
+    plain = fresh(name)
+    for layer, module in hard.named_modules():
+        if parametrize.is_parametrized(module, "weight"):
+            parametrize.register_parametrization(plain.get_submodule(layer), "weight", Identity())
     return {
         "2:4 hard (p=∞)": make_step(hard, pruner, micro),
         "identity parametrization": make_step(plain, None, micro),
     }
 
 
-def variants(name: str, micro: int, compiled: bool = False) -> dict[str, Callable[[], None]]:
-    def fresh() -> nn.Module:
-        torch.manual_seed(0)
-        return fs.create_model(name)
+def compiled(name: str, micro: int) -> dict[str, Callable[[], None]]:
+    """The dense and the 2:4 step with the model's forward compiled (inductor), Pruner attached."""
+    m = fresh(name)
+    pruner = fs.Pruner(m, pattern="2:4", exclude=EXCLUDE[name])
+    return {
+        "compiled: dense": make_step(torch.compile(fresh(name)), None, micro),
+        "compiled: 2:4 feather θ=1": make_step(torch.compile(m), pruner, micro),
+    }
 
-    if compiled:  # the same step with the model's forward compiled (inductor), Pruner attached
-        m = fresh()
-        pruner = fs.Pruner(m, pattern="2:4", exclude=EXCLUDE[name])
-        return {
-            "compiled: dense": make_step(torch.compile(fresh()), None, micro),
-            "compiled: 2:4 feather θ=1": make_step(torch.compile(m), pruner, micro),
-        }
 
+def variants(name: str, micro: int) -> dict[str, Callable[[], None]]:
     def nm(**kwargs: object) -> Callable[[], None]:
-        m = fresh()
+        m = fresh(name)
         return make_step(m, fs.Pruner(m, pattern="2:4", exclude=EXCLUDE[name], **kwargs), micro)
 
-    out = {"dense": make_step(fresh(), None, micro)}
+    out = {"dense": make_step(fresh(name), None, micro)}
     out["2:4 feather θ=1"] = nm()
     with layer_by_layer():
         out["2:4 feather θ=1, layer by layer"] = nm()
     out["2:4 feather θ=0.5"] = nm(theta=0.5)
-    m = fresh()
+    m = fresh(name)
     out["unstructured 50 %"] = make_step(
         m,
         fs.Pruner(m, sparsity=0.5, total_steps=1, schedule="constant", exclude=EXCLUDE[name]),
@@ -139,7 +141,7 @@ def main() -> None:
             if args.floors:
                 steps |= floors(name, micro)
             if args.compile:
-                steps |= variants(name, micro, compiled=True)
+                steps |= compiled(name, micro)
             times = compare(steps, repeats=args.repeats, warmup=3)
             for variant, t in times.items():
                 base = times["compiled: dense" if variant.startswith("compiled") else "dense"]
