@@ -14,8 +14,10 @@ micro-batch.
     python benchmarks/bench_nm_step.py [--models mnist1d_cnn mnist1d_mlpmixer]
         [--micro 1 4] [--repeats 21] [--floors] [--compile]
 
-``--floors`` adds the hard N:M mask (p = ∞) and an identity
-parametrization on the same layers, the cost of the plumbing alone.
+``--floors`` adds reference steps on the same layers: the hard N:M mask
+(p = ∞); the 2:4 Pruner with its operator replaced by a copy (the cost of
+everything but the arithmetic); a parametrization computing ``w · 1``; and
+an identity parametrization (the plumbing alone).
 ``--compile`` adds the dense and the 2:4 step with ``torch.compile(model)``
 (inductor), each compiled row's ratio taken to the compiled dense step.
 """
@@ -33,7 +35,8 @@ from torch.nn.utils import parametrize
 
 import feather_sparse as fs
 from _timing import compare, machine, train_step
-from feather_sparse.nm import fused
+from feather_sparse.nm import fused, operator
+from feather_sparse.nm.operator import NMPattern
 
 BATCH = 128
 #: Layers of each model that an N:M pattern cannot take (reduction dim not a multiple of 4).
@@ -65,23 +68,61 @@ def fresh(name: str) -> nn.Module:
     return fs.create_model(name)
 
 
+def copy_forward(
+    w: torch.Tensor, pattern: NMPattern, *_: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stands in for the N:M forward: a copy of ``w`` and zero thresholds (no arithmetic)."""
+    x = w.detach().reshape(-1, pattern.m)
+    return x.clone().reshape(w.shape), torch.zeros(x.shape[0], 1)
+
+
+def copying(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` with the N:M forward replaced by :func:`copy_forward` while it runs."""
+
+    def run() -> None:
+        saved = operator._nm_forward
+        operator._nm_forward = fused._nm_forward = copy_forward
+        try:
+            step()
+        finally:
+            operator._nm_forward = fused._nm_forward = saved
+
+    return run
+
+
 def floors(name: str, micro: int) -> dict[str, Callable[[], None]]:
     """Reference steps: the hard N:M mask (p = ∞: no ``log``/``exp``, but the
-    exact tie-breaking rank of every weight on integer keys), and an identity
-    parametrization on the same layers (the cost of ``torch.nn.utils.parametrize`` alone)."""
+    exact tie-breaking rank of every weight on integer keys); the 2:4 Pruner
+    with its forward replaced by a copy of the weights (everything but the
+    operator's arithmetic: the parametrization, the fused pass and its bit
+    checks, the autograd node, ``pruner.step()``); a parametrization
+    computing ``w · 1`` (the least a parametrization producing a new tensor
+    costs); and an identity parametrization (``torch.nn.utils.parametrize``
+    alone), each on the same layers."""
 
     class Identity(nn.Module):
         def forward(self, w: torch.Tensor) -> torch.Tensor:
             return w
 
+    class TimesOne(nn.Module):
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return w * 1.0
+
     hard = fresh(name)
     pruner = fs.Pruner(hard, pattern="2:4", p=math.inf, exclude=EXCLUDE[name])
-    plain = fresh(name)
+    copied = fresh(name)
+    copier = fs.Pruner(copied, pattern="2:4", exclude=EXCLUDE[name])
+    plain, times_one = fresh(name), fresh(name)
     for layer, module in hard.named_modules():
         if parametrize.is_parametrized(module, "weight"):
             parametrize.register_parametrization(plain.get_submodule(layer), "weight", Identity())
+            parametrize.register_parametrization(
+                times_one.get_submodule(layer), "weight", TimesOne()
+            )
     return {
         "2:4 hard (p=∞)": make_step(hard, pruner, micro),
+        "2:4, operator replaced by a copy": copying(make_step(copied, copier, micro)),
+        "parametrization w·1": make_step(times_one, None, micro),
         "identity parametrization": make_step(plain, None, micro),
     }
 
@@ -128,7 +169,8 @@ def main() -> None:
     parser.add_argument(
         "--floors",
         action="store_true",
-        help="also time the hard mask (p=inf) and an identity parametrization",
+        help="also time reference steps: the hard mask (p=inf), the operator replaced by a copy, "
+        "a w*1 parametrization and an identity parametrization",
     )
     args = parser.parse_args()
     print(machine())

@@ -419,11 +419,52 @@ def test_global_backbone_checks_finiteness_without_an_extra_pass(
     model = SmallCNN()
     pruner = fs.Pruner(model, 0.5, 10, schedule="constant")
     calls = []
-    original = pruner_module._abs_max
-    monkeypatch.setattr(pruner_module, "_abs_max", lambda w: calls.append(1) or original(w))
+    original = pruner_module._abs_max_each
+    monkeypatch.setattr(pruner_module, "_abs_max_each", lambda ws: calls.append(1) or original(ws))
     pruner.step()
     assert calls == []  # the selection's own pass measured max |w|
     with torch.no_grad():
         pruner.weights()[1][0, 0] = math.nan
     with pytest.raises(RuntimeError, match=r"non-finite weights"):
         pruner.step()
+    assert calls == []  # the search's own measurement named the layer
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        [torch.randn(4, 8), torch.randn(16), torch.randn(2, 3, 4)],
+        [torch.randn(4, 8), torch.tensor([1.0, math.nan]), torch.tensor([-math.inf, 2.0])],
+        [torch.randn(4, 8).half(), torch.tensor([-3.0, 2.0]).half()],
+        [torch.randn(4, 8), torch.randn(8, dtype=torch.float64)],  # mixed dtypes
+        [torch.randn(4, 8), torch.empty(0)],  # an empty shard
+        [torch.tensor([-5.0, 1.0]), torch.tensor([0.5, -0.25])],
+    ],
+)
+def test_abs_max_each_matches_one_tensor_at_a_time(weights: list[torch.Tensor]) -> None:
+    from feather_sparse.pruner import _abs_max, _abs_max_each
+
+    got = _abs_max_each(weights)
+    want = torch.stack([_abs_max(w) for w in weights])
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    assert got.tolist()[:2] != [0.0, 0.0]
+
+
+def test_prune_target_reads_the_stored_weight_with_and_without_a_parametrization() -> None:
+    from feather_sparse.backbones import PruneTarget
+
+    layer = nn.Linear(8, 4)
+    stored = layer.weight
+    target = PruneTarget("layer", layer)
+    assert target.weight is stored and target.parametrizations() is None
+    fs.Pruner(layer, 0.5, 10, schedule="constant")
+    assert target.weight is layer.parametrizations.weight.original
+    assert target.parametrizations() is layer.parametrizations.weight
+    # a plain-tensor weight is kept as a buffer named ``original``
+    plain = nn.Linear(8, 4)
+    data = plain.weight.detach().clone()
+    del plain.weight
+    plain.register_buffer("weight", data)
+    parametrize.register_parametrization(plain, "weight", nn.Identity())
+    assert PruneTarget("plain", plain).weight is plain.parametrizations.weight.original

@@ -419,9 +419,8 @@ class Pruner:
         return s
 
     def _parametrization(self, target: PruneTarget) -> FeatherParametrization:
-        parametrizations: Any = target.module.parametrizations
-        plist: Any = parametrizations["weight"]
-        p: FeatherParametrization = plist[0]
+        plist: Any = target.parametrizations()
+        p: FeatherParametrization = plist._modules["0"]  # plist[0], without ModuleList indexing
         return p
 
     def thresholds(self) -> list[Tensor]:
@@ -551,7 +550,7 @@ class Pruner:
         propagates NaN and inf; ``|w|.amax()`` would also write a full-size
         temporary).
         """
-        maxima = measured if measured is not None else torch.stack([_abs_max(w) for w in weights])
+        maxima = measured if measured is not None else _abs_max_each(weights)
         if group is not None:
             maxima = distributed.all_reduce_max(maxima, group)
         return maxima
@@ -826,6 +825,22 @@ def _check_state(state: Any) -> None:
             f"this Pruner state has format version {version!r}, newer than the {FORMAT_VERSION} "
             f"this feather-sparse ({__version__}) reads; upgrade feather-sparse to load it"
         )
+
+
+def _abs_max_each(weights: Sequence[Tensor]) -> Tensor:
+    """``max |w|`` of each tensor as one float32 vector (see :func:`_abs_max`).
+
+    For non-empty tensors of one dtype and device — the usual case — the
+    minima and maxima are stacked and combined in two kernels instead of
+    three per tensor: the Pruner runs this at every step.
+    """
+    if not weights:
+        return torch.zeros(0, dtype=torch.float32)
+    first = weights[0]
+    if any(w.numel() == 0 or w.dtype != first.dtype or w.device != first.device for w in weights):
+        return torch.stack([_abs_max(w) for w in weights])
+    lo, hi = (torch.stack(x) for x in zip(*(torch.aminmax(w) for w in weights)))
+    return torch.maximum(lo.neg_(), hi).float()
 
 
 def _abs_max(w: Tensor) -> Tensor:
