@@ -78,8 +78,11 @@ class PruneTarget:
         plist = self.parametrizations()
         if plist is not None:
             # ``original`` is a Parameter, or a buffer where the weight was a plain tensor
-            original: Tensor | None = plist._parameters.get("original")
-            return plist.original if original is None else original
+            original: Any = plist._parameters.get("original")
+            if original is None:
+                original = plist.original
+            stored: Tensor = original
+            return stored
         weight: Any = self.module.weight
         return weight
 
