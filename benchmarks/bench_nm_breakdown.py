@@ -33,17 +33,12 @@ import argparse
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 import feather_sparse as fs
 from _timing import compare, machine
 from bench_nm_step import EXCLUDE, fresh, make_step
 from feather_sparse.nm import NMPattern, fused
 from feather_sparse.nm.operator import _nm_forward
-
-
-def pruned_layers(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if hasattr(m, "parametrizations")]
 
 
 def parts(name: str) -> dict[str, Callable[[], object]]:
@@ -62,8 +57,8 @@ def parts(name: str) -> dict[str, Callable[[], object]]:
         pruner = fs.Pruner(model, pattern="2:4", exclude=EXCLUDE[name])
     finally:
         fused.CACHE_ALONE = saved
-    layers = pruned_layers(model)
-    stored = [m.parametrizations["weight"].original for m in layers]
+    layers = [t.module for t in pruner.targets]
+    stored = pruner.weights()
     x = torch.randn(128, 1, 40)
     model(x).sum().backward()
     model(x)  # the second forward registers the fused layers

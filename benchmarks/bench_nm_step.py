@@ -113,12 +113,9 @@ def floors(name: str, micro: int) -> dict[str, Callable[[], None]]:
     copied = fresh(name)
     copier = fs.Pruner(copied, pattern="2:4", exclude=EXCLUDE[name])
     plain, times_one = fresh(name), fresh(name)
-    for layer, module in hard.named_modules():
-        if parametrize.is_parametrized(module, "weight"):
-            parametrize.register_parametrization(plain.get_submodule(layer), "weight", Identity())
-            parametrize.register_parametrization(
-                times_one.get_submodule(layer), "weight", TimesOne()
-            )
+    for t in pruner.targets:
+        parametrize.register_parametrization(plain.get_submodule(t.name), "weight", Identity())
+        parametrize.register_parametrization(times_one.get_submodule(t.name), "weight", TimesOne())
     return {
         "2:4 hard (p=∞)": make_step(hard, pruner, micro),
         "2:4, operator replaced by a copy": copying(make_step(copied, copier, micro)),

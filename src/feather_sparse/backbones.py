@@ -75,14 +75,11 @@ class PruneTarget:
     @property
     def weight(self) -> Tensor:
         """The stored (dense, trainable) weight, whether or not a parametrization is attached."""
-        plist = self.parametrizations()
+        plist: Any = self.parametrizations()
         if plist is not None:
             # ``original`` is a Parameter, or a buffer where the weight was a plain tensor
-            original: Any = plist._parameters.get("original")
-            if original is None:
-                original = plist.original
-            stored: Tensor = original
-            return stored
+            original = plist._parameters.get("original")
+            return plist.original if original is None else original
         weight: Any = self.module.weight
         return weight
 
