@@ -118,9 +118,12 @@ def test_fused_methods_equal_layer_by_layer(method: str, monkeypatch: pytest.Mon
         assert same_bits(a, b)
 
 
-def test_gradient_accumulation_reuses_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("theta", [0.5, 1.0])
+def test_gradient_accumulation_reuses_one_pass(
+    theta: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = mlp()
-    pr = pruner(model, True, monkeypatch, theta=0.5)
+    pr = pruner(model, True, monkeypatch, theta=theta)
     model(torch.randn(2, 16))  # one pass for the current weights
     calls = count_passes(monkeypatch)
     fused_weights = train(model, pr, 3, accumulate=2)
@@ -128,10 +131,63 @@ def test_gradient_accumulation_reuses_one_pass(monkeypatch: pytest.MonkeyPatch) 
     # its new weights, shared by both micro-batches
     assert calls[0] == 2
     reference = mlp()
-    ref_pr = pruner(reference, False, monkeypatch, theta=0.5)
+    ref_pr = pruner(reference, False, monkeypatch, theta=theta)
     reference(torch.randn(2, 16))
     for a, b in zip(fused_weights, train(reference, ref_pr, 3, accumulate=2)):
         assert same_bits(a, b)
+
+
+def test_plain_straight_through_takes_no_python_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """θ = 1 without decay or rescale: the cached forward is joined to the weight's
+    gradient by built-in autograd nodes (no Python Function), with the same values and
+    gradients as the layer-by-layer Function; θ < 1 keeps the Function."""
+    x, y = torch.randn(4, 16), torch.tensor([0, 1, 2, 3])
+    grads, outs = [], []
+    for fuse in (False, True):
+        model = mlp()
+        pruner(model, fuse, monkeypatch)
+        model(x)  # the first forward registers the ramps; the next ones use the pass
+        out = model[2].weight
+        assert (type(out.grad_fn).__name__ == "AddBackward0") == fuse
+        F.cross_entropy(model(x), y).backward()
+        outs.append(out.detach())
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert same_bits(outs[0], outs[1])
+    for a, b in zip(*grads):
+        assert same_bits(a, b)
+    model = mlp()
+    pruner(model, True, monkeypatch, theta=0.5)
+    model(x)
+    assert type(model[2].weight.grad_fn).__name__ != "AddBackward0"
+
+
+def test_cached_forward_without_grad_is_a_fresh_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = mlp()
+    pr = pruner(model, True, monkeypatch)
+    model(torch.randn(2, 16))
+    with torch.no_grad():
+        a, b = model[2].weight, model[2].weight
+    entry = pr.backbone._fused._entries[1]
+    assert a is not entry.out and b is not a
+    assert a.data_ptr() == entry.out.data_ptr() and a.grad_fn is None
+    assert same_bits(a, nm_threshold(pr.targets[1].weight.detach(), "2:4"))
+
+
+@pytest.mark.parametrize(
+    "ramps", [(1.0, 0.5, 0.25), (0.75, 0.75, 0.75), (0.0, -0.0, 0.0)], ids=["apart", "one", "zeros"]
+)
+def test_fused_pass_with_a_ramp_per_layer(ramps: tuple[float, ...]) -> None:
+    """Layers whose ramps differ (or only in the sign of zero) get their own ramp's bits."""
+    gen = torch.Generator().manual_seed(3)
+    weights = [torch.randn(8, 16, generator=gen) for _ in ramps]
+    buffers = [torch.tensor(r) for r in ramps]
+    cache = FusedNMForward(fs.NMPattern(2, 4), [True] * len(ramps))
+    for i, (w, r) in enumerate(zip(weights, buffers)):
+        assert cache.get(i, w, r, 3.0, lambda: weights, None) is None  # registers the ramps
+    for i, (w, r) in enumerate(zip(weights, buffers)):
+        got = cache.get(i, w, r, 3.0, lambda: weights, None)
+        assert got is not None
+        assert same_bits(got[0], nm_threshold(w, "2:4", r))
 
 
 def test_edit_through_data_is_seen(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -236,6 +292,77 @@ def test_same_bits_tells_nan_and_signed_zero_apart() -> None:
     assert not same_bits(a, torch.tensor([-0.0, 1.0, math.nan]))
     assert not same_bits(a, torch.tensor([0.0, 1.0, 2.0]))
     assert same_bits(a.half(), a.half().clone())
+
+
+def _reference_same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit equality element by element, independent of ``same_bits``'s two paths."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    width = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[a.element_size()]
+    x, y = a.contiguous().view(width).reshape(-1), b.contiguous().view(width).reshape(-1)
+    return all(int(u) == int(v) for u, v in zip(x, y))
+
+
+def _bit_pairs() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    base = torch.tensor([[0.0, 1.5, math.nan, -2.0], [3.0, -0.0, math.inf, 7.0]])
+    other_nan = base.clone()
+    other_nan.view(torch.int32)[0, 2] += 1  # another NaN payload: a different bit pattern
+    big = torch.randn(4, 256)
+    shifted = torch.randn(2, 512)
+    return [
+        ("equal", base, base.clone()),
+        ("signed zero", base, torch.where(base == 0, -base, base)),
+        ("nan payload", base, other_nan),
+        ("last value", base, base + torch.tensor([[0.0] * 4, [0.0, 0.0, 0.0, 1.0]])),
+        ("transposed equal", big.t(), big.clone().t()),
+        ("transposed vs contiguous", big.t(), big.t().contiguous()),
+        ("offset views", shifted[1], shifted[1].clone()),
+        ("offset views differ", shifted[0], shifted[1]),
+        ("dtypes", base, base.double()),
+        ("shapes", base, base.reshape(4, 2)),
+        ("empty", torch.empty(0, 4), torch.empty(0, 4)),
+        ("half", base.half(), base.half().clone()),
+        ("bfloat16 differs", base.bfloat16(), (base * 2).bfloat16()),
+        ("int", torch.arange(6), torch.arange(6)),
+        ("bool", torch.tensor([True, False]), torch.tensor([True, True])),
+    ]
+
+
+@pytest.mark.parametrize("memcmp", [True, False], ids=["memcmp", "torch.equal"])
+@pytest.mark.parametrize("case", _bit_pairs(), ids=lambda c: c[0])
+def test_same_bits_agrees_with_an_element_by_element_comparison(
+    case: tuple[str, torch.Tensor, torch.Tensor], memcmp: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both paths (bytes through memcmp; integer views through torch.equal) give
+    the answer of a plain element-by-element comparison of the bits."""
+    if memcmp and fused._MEMCMP is None:
+        pytest.skip("no C library memcmp on this platform")
+    if not memcmp:
+        monkeypatch.setattr(fused, "_MEMCMP", None)
+    _, a, b = case
+    assert same_bits(a, b) == _reference_same_bits(a, b)
+    assert same_bits(b, a) == _reference_same_bits(b, a)
+
+
+def test_same_bits_compares_bytes_where_it_can() -> None:
+    """Contiguous CPU tensors take the memcmp path (the fast one the cache relies on)."""
+    if fused._MEMCMP is None:
+        pytest.skip("no C library memcmp on this platform")
+    calls = []
+    real = fused._MEMCMP
+
+    def spy(x: int, y: int, n: int) -> int:
+        calls.append(n)
+        return real(x, y, n)
+
+    a = torch.randn(8, 4)
+    saved, fused._MEMCMP = fused._MEMCMP, spy
+    try:
+        assert same_bits(a, a.clone())
+        assert same_bits(a.t(), a.t().contiguous())  # not contiguous: torch.equal
+    finally:
+        fused._MEMCMP = saved
+    assert calls == [a.numel() * 4]
 
 
 def test_resume_from_state_dict_with_fusion(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 import feather_sparse as fs
+from feather_sparse import pruner as pruner_module
 
 
 class SmallCNN(nn.Module):
@@ -414,7 +415,6 @@ def test_cuda_training_matches_reference_threshold() -> None:
 def test_global_backbone_checks_finiteness_without_an_extra_pass(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import feather_sparse.pruner as pruner_module
 
     model = SmallCNN()
     pruner = fs.Pruner(model, 0.5, 10, schedule="constant")
@@ -468,3 +468,21 @@ def test_prune_target_reads_the_stored_weight_with_and_without_a_parametrization
     plain.register_buffer("weight", data)
     parametrize.register_parametrization(plain, "weight", nn.Identity())
     assert PruneTarget("plain", plain).weight is plain.parametrizations.weight.original
+
+
+def test_thresholds_written_with_and_without_foreach_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every layer's threshold buffer gets its value, whether one ``_foreach_copy_``
+    call writes them all or (a torch without it) one ``copy_`` per layer."""
+    written = []
+    for foreach in (True, False):
+        if not foreach:
+            monkeypatch.setattr(pruner_module, "_FOREACH_COPY", None)
+        torch.manual_seed(0)
+        model = SmallCNN()
+        pruner = fs.Pruner(model, 0.5, 10)
+        buffers = pruner.thresholds()
+        pruner.update(0.3)
+        assert all(b is a for a, b in zip(buffers, pruner.thresholds()))  # written in place
+        written.append([float(b) for b in buffers])
+    assert written[0] == written[1]
+    assert all(v > 0 for v in written[0])  # the buffers started at 0: each was written

