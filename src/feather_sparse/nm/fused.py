@@ -257,7 +257,7 @@ class FusedNMForward:
             entry.p == p
             and entry.ramp is ramp
             and entry.ramp_version == ramp._version
-            and same_bits(weight.detach(), entry.reference)
+            and same_bits(weight, entry.reference)  # reads bits only: no detach needed
         )
 
     @torch.no_grad()
