@@ -90,6 +90,20 @@ def copying(step: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
+class Identity(nn.Module):
+    """A parametrization returning the weight itself (the plumbing of ``parametrize`` alone)."""
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return w
+
+
+class TimesOne(nn.Module):
+    """A parametrization computing ``w · 1``: the least one producing a new tensor costs."""
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return w * 1.0
+
+
 def floors(name: str, micro: int) -> dict[str, Callable[[], None]]:
     """Reference steps: the hard N:M mask (p = ∞: no ``log``/``exp``, but the
     exact tie-breaking rank of every weight on integer keys); the 2:4 Pruner
@@ -99,14 +113,6 @@ def floors(name: str, micro: int) -> dict[str, Callable[[], None]]:
     computing ``w · 1`` (the least a parametrization producing a new tensor
     costs); and an identity parametrization (``torch.nn.utils.parametrize``
     alone), each on the same layers."""
-
-    class Identity(nn.Module):
-        def forward(self, w: torch.Tensor) -> torch.Tensor:
-            return w
-
-    class TimesOne(nn.Module):
-        def forward(self, w: torch.Tensor) -> torch.Tensor:
-            return w * 1.0
 
     hard = fresh(name)
     pruner = fs.Pruner(hard, pattern="2:4", p=math.inf, exclude=EXCLUDE[name])

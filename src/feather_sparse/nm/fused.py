@@ -9,10 +9,12 @@ micro-batch would recompute the same pruned weights.
 over the concatenated weights instead, the first time one of them is needed
 after the weights changed, and hands each layer its slice. Measured
 (``benchmarks/bench_nm_step.py``, docs/benchmarks-nm.md): on the mixer
-1.16–1.19× the dense step against 1.19–1.22× layer by layer with one batch
-per step, 1.23–1.26× against 1.52–1.56× with 4 micro-batches; the cache of
-layers computed alone (below) took the CNN with 4 micro-batches from
-1.37–1.38× to 1.20×.
+1.12–1.15× the dense step against 1.21–1.22× layer by layer with one batch
+per step, 1.18× against 1.54× with 4 micro-batches; the cache of layers
+computed alone (below) took the CNN with 4 micro-batches from 1.37–1.38×
+to 1.18–1.20×. A cached forward with θ = 1 reaches the layer through two
+built-in autograd nodes instead of a Python Function (see
+``nm.backbone._straight_through``).
 
 Exactness. A layer's slice is used only while the layer's weight is, bit
 for bit, the weight the slice was computed from (compared at each use, one
@@ -102,9 +104,9 @@ def _libc_memcmp() -> Callable[[int, int, int], int] | None:
 
 
 #: ``memcmp`` compares two contiguous CPU tensors' bytes several times faster
-#: than ``torch.equal`` (which compares element by element): 1.2 against 7 µs
-#: for 16,384 float32 weights, and the check runs for every cached layer at
-#: every forward. None: ``torch.equal`` throughout.
+#: than ``torch.equal`` (which compares element by element): 1.6 against 7.1 µs
+#: for 16,384 float32 weights (docs/benchmarks-nm.md), and the check runs for
+#: every cached layer at every forward. None: ``torch.equal`` throughout.
 _MEMCMP = _libc_memcmp()
 
 
