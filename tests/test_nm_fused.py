@@ -161,6 +161,39 @@ def test_plain_straight_through_takes_no_python_node(monkeypatch: pytest.MonkeyP
     assert type(model[2].weight.grad_fn).__name__ != "AddBackward0"
 
 
+def test_torch_func_grad_matches_autograd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torch.func transforms the layers take the plain path (wrapped weights have no
+    storage to compare or cache), and the gradients are autograd's, bit for bit."""
+    model = mlp()
+    pruner(model, True, monkeypatch)
+    x, y = torch.randn(4, 16), torch.tensor([0, 1, 2, 3])
+    model(x)
+    model(x)  # the cache holds every layer's forward now
+    params = dict(model.named_parameters())
+
+    def loss(p: dict[str, torch.Tensor]) -> torch.Tensor:
+        return F.cross_entropy(torch.func.functional_call(model, p, (x,)), y)
+
+    grads = torch.func.grad(loss)(params)
+    F.cross_entropy(model(x), y).backward()
+    for name, param in params.items():
+        assert same_bits(grads[name], param.grad), name
+
+
+def test_same_bits_of_tensors_without_storage() -> None:
+    """A wrapper without storage (a torch.func tensor) is compared by torch.equal, not memcmp."""
+    seen: list[bool] = []
+
+    def f(w: torch.Tensor) -> torch.Tensor:
+        with pytest.raises(RuntimeError, match="storage"):
+            w.data_ptr()
+        seen.extend([same_bits(w, w), same_bits(w, w * 2)])
+        return w.sum()
+
+    torch.func.grad(f)(torch.randn(4, 4))
+    assert seen == [True, False]
+
+
 def test_cached_forward_without_grad_is_a_fresh_view(monkeypatch: pytest.MonkeyPatch) -> None:
     model = mlp()
     pr = pruner(model, True, monkeypatch)

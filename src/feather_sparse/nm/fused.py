@@ -45,8 +45,9 @@ Where it is off (layer by layer, nothing kept): weights off the CPU (the
 bit comparison would wait for the device at every layer), frozen masks
 (one-shot), sharded weights (FSDP2), ``torch.compile``/``torch.export``/JIT
 tracing (the compiler fuses on its own, and a cached tensor must not be
-traced as a constant) and inference mode (its tensors cannot be saved for a
-later backward).
+traced as a constant), ``torch.func`` transforms (their weights are
+wrappers, and a cached plain tensor would escape the transform) and
+inference mode (its tensors cannot be saved for a later backward).
 
 Memory. The cache keeps, between steps, a copy of the small layers' weights
 (the bit reference) and their ``P_T(w)`` — twice the small layers'
@@ -129,7 +130,14 @@ def same_bits(a: Tensor, b: Tensor) -> bool:
         and type(b) in _PLAIN
     ):
         n = a.numel() * a.element_size()
-        return n == 0 or _MEMCMP(a.data_ptr(), b.data_ptr(), n) == 0
+        if n == 0:
+            return True
+        try:
+            pointers = a.data_ptr(), b.data_ptr()
+        except RuntimeError:  # a wrapper without storage of its own (torch.func, fake tensors)
+            pointers = None
+        if pointers is not None:
+            return _MEMCMP(*pointers, n) == 0
     bits = _BITS.get(a.dtype)
     if bits is None:
         return bool(torch.equal(a, b))
@@ -177,6 +185,7 @@ class FusedNMForward:
         return (  # tracing first: the compiler cannot trace the inference-mode query
             (self.eligible[index] or self.alone)
             and not _traced()
+            and not torch._C._are_functorch_transforms_active()  # torch.func: wrapped tensors
             and type(weight) in _PLAIN
             and weight.is_cpu
             and not torch.is_inference_mode_enabled()
