@@ -161,6 +161,24 @@ def test_plain_straight_through_takes_no_python_node(monkeypatch: pytest.MonkeyP
     assert type(model[2].weight.grad_fn).__name__ != "AddBackward0"
 
 
+def test_large_layer_cached_alone_keeps_the_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer outside the fused pass, served from its own cache (repeated forwards),
+    gets a view of the cache through the Function: no weight-sized join per forward."""
+    monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", 600)  # the 32×32 layer is "large" now
+    monkeypatch.setattr(fused, "CACHE_ALONE", True)
+    model = mlp()
+    pr = fs.Pruner(model, pattern="2:4")
+    x = torch.randn(2, 16)
+    model(x)
+    model(x)  # a repeat: the large layer is cached alone from now on
+    weight = model[2].weight
+    entry = pr.backbone._fused._entries[1]
+    assert pr.backbone._fused.eligible[1] is False
+    assert type(weight.grad_fn).__name__ != "AddBackward0"
+    assert weight.data_ptr() == entry.out.data_ptr()  # a view of the cached forward
+    assert type(model[0].weight.grad_fn).__name__ == "AddBackward0"  # a small, fused layer
+
+
 def test_torch_func_grad_matches_autograd(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under torch.func transforms the layers take the plain path (wrapped weights have no
     storage to compare or cache), and the gradients are autograd's, bit for bit."""

@@ -176,7 +176,11 @@ class NMBackbone(Backbone):
         if fused is not None and self._masks is None and fused.usable(index, weight):
             pre = fused.get(index, weight, threshold, operator.p, self._stored, self._beta)
             if pre is not None:
-                if theta == 1.0 and self.decay == 0.0 and self._beta is None:
+                # small layers only: the join costs two passes over the weight and
+                # keeps a new tensor for the backward; a large layer's Function
+                # node costs less than that (and its forward is a view of the cache)
+                plain = theta == 1.0 and self.decay == 0.0 and self._beta is None
+                if plain and fused.eligible[index]:
                     return _straight_through(pre[0], weight)
                 out: Tensor = apply_function(
                     _NMThresholdSTE,
@@ -282,7 +286,8 @@ def _straight_through(value: Tensor, weight: Tensor) -> Tensor:
     The plain straight-through estimator (θ = 1, no decay) of a forward
     computed already, with two C++ autograd nodes instead of a Python
     Function (its node costs tens of microseconds per layer and step, forward and
-    backward, on a model of many small layers). The value is bit for bit
+    backward, on a model of many small layers), for the small layers of the
+    fused pass. The value is bit for bit
     ``value``: ``weight − weight.detach()`` is +0 for every finite weight, and
     ``value`` (an N:M forward without a rescale) holds no −0 that adding +0
     would flip. A non-finite weight gives NaN there, as the operator does for

@@ -12,8 +12,8 @@ after the weights changed, and hands each layer its slice. Measured
 1.12–1.15× the dense step against 1.21–1.22× layer by layer with one batch
 per step, 1.18× against 1.54× with 4 micro-batches; the cache of layers
 computed alone (below) took the CNN with 4 micro-batches from 1.37–1.38×
-to 1.18–1.20×. A cached forward with θ = 1 reaches the layer through two
-built-in autograd nodes instead of a Python Function (see
+to 1.18–1.20×. A small layer's cached forward with θ = 1 reaches the layer
+through two built-in autograd nodes instead of a Python Function (see
 ``nm.backbone._straight_through``).
 
 Exactness. A layer's slice is used only while the layer's weight is, bit
