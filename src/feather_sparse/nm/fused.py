@@ -9,10 +9,10 @@ micro-batch would recompute the same pruned weights.
 over the concatenated weights instead, the first time one of them is needed
 after the weights changed, and hands each layer its slice. Measured
 (``benchmarks/bench_nm_step.py``, docs/benchmarks-nm.md): on the mixer
-1.12–1.15× the dense step against 1.21–1.22× layer by layer with one batch
-per step, 1.18× against 1.54× with 4 micro-batches; the cache of layers
-computed alone (below) took the CNN with 4 micro-batches from 1.37–1.38×
-to 1.18–1.20×. A small layer's cached forward with θ = 1 reaches the layer
+1.12–1.15× the dense step against 1.19–1.22× layer by layer with one batch
+per step, 1.18–1.21× against 1.54–1.56× with 4 micro-batches; the cache of
+layers computed alone (below) took the CNN with 4 micro-batches from
+1.37–1.38× to 1.15–1.20×. A small layer's cached forward with θ = 1 reaches the layer
 through two built-in autograd nodes instead of a Python Function (see
 ``nm.backbone._straight_through``).
 
