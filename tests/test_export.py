@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import struct
+import tempfile
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -932,3 +934,48 @@ def test_onnx_export_rejects_what_it_cannot_write(tmp_path: Path) -> None:
 def test_inspect_of_a_device_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="not a regular file"):
         inspect_sparse("/dev/null")
+
+
+def test_the_same_model_writes_the_same_bytes(tmp_path: Path) -> None:
+    """Saving one model again gives a byte-identical file (checksums, caches and
+    `cmp` can compare runs); safetensors' own writer ordered the metadata by hash."""
+    model = prune_(nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)), 0.5)
+    files = []
+    for i in range(6):
+        save_sparse(model, tmp_path / f"m{i}.fsp", metadata={"epoch": 3, "note": "hi"})
+        files.append((tmp_path / f"m{i}.fsp").read_bytes())
+    assert all(f == files[0] for f in files)
+
+
+def test_container_is_what_safetensors_writes_up_to_the_metadata_order() -> None:
+    """The container writer lays the file out as safetensors does: same header
+    (as JSON), same length, same tensor bytes; and safetensors reads it back."""
+    from safetensors import safe_open
+    from safetensors.torch import save
+
+    from feather_sparse.export.fsp import _container
+
+    blobs = {"feather.header": b"\x01\x02\x03", "feather.data": bytes(range(200)) * 3}
+    metadata = {"format": "feather-sparse", "format_version": "2", "library_version": "9.9"}
+    ours = _container(blobs, metadata)
+    theirs = save(
+        {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in blobs.items()},
+        metadata=metadata,
+    )
+    (n,) = struct.unpack("<Q", ours[:8])
+    assert ours[:8] == theirs[:8] and n % 8 == 0
+    assert json.loads(ours[8 : 8 + n]) == json.loads(theirs[8 : 8 + n])
+    assert ours[8 + n :] == theirs[8 + n :]
+    with safe_open_bytes(ours) as path, safe_open(path, framework="pt") as f:
+        assert f.metadata() == metadata
+        for name, blob in blobs.items():
+            assert f.get_tensor(name).numpy().tobytes() == blob
+
+
+@contextlib.contextmanager
+def safe_open_bytes(data: bytes) -> Iterator[str]:
+    """``data`` in a temporary file, for readers that take a path."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "f.safetensors"
+        path.write_bytes(data)
+        yield str(path)

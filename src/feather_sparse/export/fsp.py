@@ -20,6 +20,10 @@ entries:
   format name and versions so that a wrong file is named without decoding.
 * ``feather.data``: every entry's bytes, one after the other.
 
+The container is laid out by this module (the safetensors layout, with the
+``__metadata__`` entries sorted; safetensors' own writer orders them anew
+on every call), so saving the same model always writes the same bytes.
+
 Packing everything into two entries keeps the per-tensor overhead at a few
 compressed header bytes instead of ~250 bytes of plain JSON per tensor, which
 for small models was as large as the weights themselves.
@@ -162,6 +166,29 @@ def _container_metadata(library_version: str, format_version: int) -> dict[str, 
         "format_version": str(format_version),
         "library_version": library_version,
     }
+
+
+def _container(blobs: Mapping[str, bytes], metadata: Mapping[str, str]) -> bytes:
+    """A safetensors file of 1-d uint8 tensors, the same bytes for the same input.
+
+    safetensors' own writer orders the ``__metadata__`` entries differently
+    from one call to the next (it keeps them in a hash map), so the same model
+    gave files that differed in a few header bytes. The layout is the
+    safetensors format: the header's length as a little-endian u64, the JSON
+    header (padded with spaces to a multiple of 8 bytes), then the tensors'
+    bytes. The tensors are in name order, as safetensors orders tensors of one
+    dtype, and the metadata entries sorted by key.
+    """
+    header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
+    offset = 0
+    names = sorted(blobs)
+    for name in names:
+        size = len(blobs[name])
+        header[name] = {"dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode("ascii")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + b"".join(blobs[name] for name in names)
 
 
 def _model_spec(model: nn.Module) -> dict[str, Any] | None:
@@ -308,12 +335,10 @@ def save_sparse(
         chunks.append(payload)
 
     header = _header_bytes(records, values, spec, metadata)
-    entries = {
-        HEADER_KEY: _from_bytes(header, torch.uint8, (len(header),)),
-        DATA_KEY: _from_bytes(b"".join(chunks), torch.uint8, (sum(map(len, chunks)),)),
-    }
-    data = _safetensors("safetensors.torch").save(
-        entries, metadata=_container_metadata(__version__, file_version(records))
+    _safetensors("safetensors")  # the reader needs it: fail before writing, as documented
+    data = _container(
+        {HEADER_KEY: header, DATA_KEY: b"".join(chunks)},
+        _container_metadata(__version__, file_version(records)),
     )
     write_atomic(target, data)
     info = _parse_header(str(target), header, target.stat().st_size)
