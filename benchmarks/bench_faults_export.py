@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 import feather_sparse
-from feather_sparse import cli
+from feather_sparse import Pruner, cli
 from feather_sparse.export import load_sparse, load_sparse_state_dict, save_sparse
 from feather_sparse.models import create_model
 
@@ -153,19 +153,29 @@ def truncations(source: Path, cases: int, rng: random.Random) -> Row:
     return _damage_runs("truncation", source, cases, lambda data: data[: rng.randrange(size)])
 
 
-def make_small_source(folder: Path) -> Path:
-    """A two-layer model small enough to damage in every possible way (about 2.6 kB)."""
+def make_small_source(folder: Path, pattern: str | None = None) -> Path:
+    """A two-layer model small enough to damage in every possible way (about 2.6 kB).
+
+    With ``pattern`` (``"2:4"``) the Linear weights are pruned to that N:M
+    pattern by a finalized Pruner instead, so the file holds N:M records
+    (format version 2).
+    """
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 4))
-    with torch.no_grad():
-        for p in net.parameters():
-            p[p.abs() < 0.1] = 0
-    path = folder / "small.fsp"
-    save_sparse(net, path)
+    if pattern is None:
+        with torch.no_grad():
+            for p in net.parameters():
+                p[p.abs() < 0.1] = 0
+    else:
+        Pruner(net, pattern=pattern).finalize()
+    path = folder / ("small.fsp" if pattern is None else f"small-{pattern.replace(':', 'of')}.fsp")
+    info = save_sparse(net, path)
+    if pattern is not None and not any(r.nm_pattern for r in info.tensors):
+        raise RuntimeError(f"{path} holds no N:M record")
     return path
 
 
-def every_fault(source: Path) -> list[Row]:
+def every_fault(source: Path, what: str = "two Linear layers") -> list[Row]:
     """Every single-bit flip and every truncation of ``source``, read with
     ``load_sparse_state_dict`` (the library only: the CLI runs above)."""
     data = source.read_bytes()
@@ -188,7 +198,7 @@ def every_fault(source: Path) -> list[Row]:
     cuts = Row("every truncation (library)", len(data), 0, 0)
     cuts.detected = sum(refused(data[:n]) for n in range(len(data)))
     for row in (flips, cuts):
-        row.note = f"{len(data):,}-byte file, two Linear layers"
+        row.note = f"{len(data):,}-byte file, {what}"
         row.writes = False
     return [flips, cuts]
 
@@ -278,7 +288,8 @@ def main() -> None:
     parser.add_argument(
         "--exhaustive",
         action="store_true",
-        help="also every bit flip and truncation of a 2.6 kB file (about 2 minutes)",
+        help="also every bit flip and truncation of a 2.6 kB file and of a 2.9 kB file "
+        "with N:M records (about 2 minutes)",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -296,6 +307,8 @@ def main() -> None:
             rows.append(sigkill_during_export(source, args.kills, rng))
         if args.exhaustive:
             rows += every_fault(make_small_source(Path(tmp)))
+            nm = make_small_source(Path(tmp), "2:4")
+            rows += every_fault(nm, "two Linear layers at 2:4 (N:M records, format version 2)")
     print(
         f"mnist1d_cnn at 90 % sparsity, a {size:,}-byte .fsp; seed {args.seed}; "
         f"{time.perf_counter() - start:.0f} s\n"

@@ -116,6 +116,9 @@ def test_many_faults(bench: ModuleType, source: Path) -> None:
 
 
 @pytest.mark.slow
-def test_every_flip_and_truncation_of_a_small_file(bench: ModuleType, tmp_path: Path) -> None:
-    for row in bench.every_fault(bench.make_small_source(tmp_path)):
+@pytest.mark.parametrize("pattern", [None, "2:4"], ids=["unstructured", "nm"])
+def test_every_flip_and_truncation_of_a_small_file(
+    bench: ModuleType, tmp_path: Path, pattern: str | None
+) -> None:
+    for row in bench.every_fault(bench.make_small_source(tmp_path, pattern)):
         assert row.detected == row.cases, row
