@@ -309,6 +309,10 @@ class _ThresholdSTE(torch.autograd.Function):
         if theta == 1.0:  # plain STE: the identity
             return grad, None, None, None, None
         w, t = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True or torch.func: a differentiable product
+            dtype = compute_dtype(torch.promote_types(w.dtype, t.dtype))
+            factor = _grad_factor(w, t.to(dtype), theta, dtype)
+            return (grad * factor).to(grad.dtype), None, None, None, None
         return _scaled_grad(w, t, grad, theta), None, None, None, None
 
 
@@ -335,6 +339,21 @@ def _scaled_grad(w: Tensor, t: Tensor, grad: Tensor, theta: float) -> Tensor:
         stop = min(start + BLOCK, n)
         _grad_block(flat[start:stop], g[start:stop], t, th, out[start:stop], buf[: stop - start])
     return out.reshape(grad.shape)
+
+
+@torch.no_grad()
+def _grad_factor(w: Tensor, t: Tensor, theta: float, dtype: torch.dtype) -> Tensor:
+    """The factor ``c`` of :func:`_scaled_grad` as a new tensor, by the same operations.
+
+    For a backward that must itself be differentiable (``create_graph=True``,
+    ``torch.func``), where the in-place, ``out=`` kernels of :func:`_grad_block`
+    cannot run: ``c`` is piecewise constant in ``w`` (zero derivative wherever
+    it has one), so ``g·c`` with ``c`` computed apart is the product to
+    differentiate, and its values are those of :func:`_grad_block` bit for bit.
+    """
+    a = w.detach().to(dtype).abs()
+    a = (a - t.detach()).sign()  # -1 pruned, 0 at the threshold (pruned), 1 kept
+    return torch.add(torch.tensor(theta, dtype=dtype), a, alpha=2.0).clamp(float(theta), 1.0)
 
 
 def _grad_block(w: Tensor, g: Tensor, t: Tensor, theta: Tensor, out: Tensor, c: Tensor) -> None:

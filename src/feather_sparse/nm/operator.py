@@ -63,6 +63,7 @@ from feather_sparse.ops import (
     BLOCK,
     _block,
     _grad_block,
+    _grad_factor,
     apply_function,
     compute_dtype,
     pooled_scratch,
@@ -367,6 +368,8 @@ class _NMThresholdSTE(torch.autograd.Function):
         dtype = aux.dtype
         x = group_view(w.detach(), ctx.pattern)
         g = grad.reshape(x.shape)
+        if torch.is_grad_enabled():  # create_graph=True or torch.func: no out= kernels
+            return _differentiable_grad(x, g, aux, theta, decay).reshape(grad.shape), *rest
         out = torch.empty(x.shape, dtype=dtype, device=grad.device)
         if aux.shape == x.shape:  # kept positions, 1/0
             pruned = torch.sub(1.0, aux)
@@ -379,6 +382,29 @@ class _NMThresholdSTE(torch.autograd.Function):
         if decay != 0.0:  # SR-STE: + λ·(1 − mask)⊙w
             out.addcmul_(pruned, x.to(dtype), value=decay)
         return out.to(grad.dtype).reshape(grad.shape), *rest
+
+
+def _differentiable_grad(x: Tensor, g: Tensor, aux: Tensor, theta: float, decay: float) -> Tensor:
+    """The backward of :class:`_NMThresholdSTE` as differentiable operations on ``g``.
+
+    The factor (1 kept, θ pruned) and SR-STE's decay term are computed apart
+    from ``g`` (:func:`feather_sparse.ops._grad_factor`), by the same
+    operations as the ``out=`` path, so the values are the same bit for bit;
+    only ``g`` is differentiated through (for ``create_graph=True`` and
+    ``torch.func``).
+    """
+    dtype = aux.dtype
+    with torch.no_grad():
+        if aux.shape == x.shape:  # kept positions, 1/0
+            factor = aux.mul(1.0 - theta).add_(theta)
+            pruned = torch.sub(1.0, aux)
+        else:  # thresholds, broadcast over each group
+            factor = _grad_factor(x, aux, theta, dtype)
+            pruned = (x.abs() <= aux).to(dtype)
+    out = g * factor
+    if decay != 0.0:  # SR-STE: + λ·(1 − mask)⊙w
+        out = out.addcmul(pruned, x.to(dtype), value=decay)
+    return out.to(g.dtype)
 
 
 def nm_threshold(
