@@ -108,3 +108,43 @@ def test_second_order_gradient_matches_the_straight_through_derivation(
     assert math.isclose(float(kept.float().mean()), 1 - pruner.sparsity, abs_tol=0.13)
     torch.testing.assert_close(g.detach(), expected_first)
     torch.testing.assert_close(second, expected)
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+def test_per_sample_gradients_with_vmap(method: str) -> None:
+    """``vmap(grad(...))`` over the data, the weights unbatched (as for DP-SGD): each
+    sample's gradient is the one computed for that sample alone (up to the rounding
+    of batched matrix products)."""
+    model, _ = pruned_mlp(method)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, y = torch.randn(5, 16), torch.randint(0, 8, (5,))
+
+    def loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        out = torch.func.functional_call(model, p, (xi.unsqueeze(0),))
+        return F.cross_entropy(out, yi.unsqueeze(0))
+
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    for i in range(len(x)):
+        alone = torch.func.grad(loss)(params, x[i], y[i])
+        for name in params:
+            torch.testing.assert_close(per_sample[name][i], alone[name], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("kwargs", [{"sparsity": 0.9, "total_steps": 10}, {"pattern": "2:4"}])
+def test_vmap_over_the_weights_is_refused_clearly(kwargs: dict) -> None:
+    """A stacked ensemble (weights batched by vmap) gets a one-line NotImplementedError
+    that says what works instead, not an error from inside an ``out=`` kernel."""
+    models = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+        fs.Pruner(model, **kwargs)
+        models.append(model)
+    params, buffers = torch.func.stack_module_state(models)
+    x = torch.randn(4, 16)
+
+    def run(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.func.functional_call(models[0], (p, b), (x,))
+
+    with pytest.raises(NotImplementedError, match="per-sample gradients"):
+        torch.func.vmap(run)(params, buffers)

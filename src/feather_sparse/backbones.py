@@ -481,6 +481,8 @@ class _ThresholdSurrogate(torch.autograd.Function):
     straight-through backward for the weights is untouched.
     """
 
+    generate_vmap_rule = True  # torch.func.vmap: per-sample gradients (tests/test_higher_order.py)
+
     @staticmethod
     def forward(out: Tensor, weight: Tensor, t: Tensor) -> Tensor:
         return out.view_as(out)

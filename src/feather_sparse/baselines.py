@@ -86,6 +86,8 @@ def st3_rescale(w: Tensor, t: Tensor | float) -> Tensor:
 class _ST3Function(torch.autograd.Function):
     """ST-3's forward ``s_c·(w − sign(w)·T)·1[|w| > T]`` with the identity as backward."""
 
+    generate_vmap_rule = True  # torch.func.vmap: per-sample gradients (tests/test_higher_order.py)
+
     @staticmethod
     def forward(w: Tensor, t: Tensor) -> Tensor:
         dtype = compute_dtype(torch.promote_types(w.dtype, t.dtype))
@@ -318,6 +320,8 @@ def soft_topk_mask(
 
 class _HardMaskSTE(torch.autograd.Function):
     """``x·1[keep]`` forward, identity backward (Spartan's straight-through hard projection)."""
+
+    generate_vmap_rule = True  # torch.func.vmap: per-sample gradients (tests/test_higher_order.py)
 
     @staticmethod
     def forward(x: Tensor, keep: Tensor) -> Tensor:

@@ -267,6 +267,30 @@ def pooled_scratch(n: int, dtype: torch.dtype, device: torch.device, count: int)
     return buffers
 
 
+_is_batched = getattr(torch._C._functorch, "is_batchedtensor", lambda t: False)
+
+
+def refuse_batched_weights(*tensors: Tensor | None) -> None:
+    """Raise a clear error for weights batched by ``torch.func.vmap`` (a stacked ensemble).
+
+    The operators' forwards write into buffers (``out=``), which vmap cannot
+    batch; vmap over the data with the weights unbatched (per-sample
+    gradients) never reaches this. Checked only while a ``torch.func``
+    transform is active.
+
+    Raises:
+        NotImplementedError: naming what works instead.
+    """
+    if torch._C._are_functorch_transforms_active() and any(
+        isinstance(t, Tensor) and _is_batched(t) for t in tensors
+    ):
+        raise NotImplementedError(
+            "torch.func.vmap over the pruned weights themselves (a stacked ensemble of "
+            "models) is not supported by feather-sparse's operators; vmap over the data "
+            "(per-sample gradients, in_dims=None for the parameters) is"
+        )
+
+
 def apply_function(fn: type[torch.autograd.Function], *args: Any) -> Any:
     """``fn.apply(*args)``, without the signature binding it does on every call.
 
@@ -290,10 +314,13 @@ class _ThresholdSTE(torch.autograd.Function):
     backward, and not at all when ``θ = 1``.
     """
 
+    generate_vmap_rule = True  # torch.func.vmap: per-sample gradients (tests/test_higher_order.py)
+
     @staticmethod
     def forward(
         w: Tensor, t: Tensor, p: float, theta: float, cache: OutputCache | None = None
     ) -> Tensor:
+        refuse_batched_weights(w, t)
         return _forward(w, t, p, cache)
 
     @staticmethod

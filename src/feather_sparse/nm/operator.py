@@ -67,6 +67,7 @@ from feather_sparse.ops import (
     apply_function,
     compute_dtype,
     pooled_scratch,
+    refuse_batched_weights,
 )
 
 __all__ = [
@@ -334,6 +335,8 @@ class _NMThresholdSTE(torch.autograd.Function):
     estimator like the rest.
     """
 
+    generate_vmap_rule = True  # torch.func.vmap: per-sample gradients (tests/test_higher_order.py)
+
     @staticmethod
     def forward(
         w: Tensor,
@@ -348,6 +351,7 @@ class _NMThresholdSTE(torch.autograd.Function):
     ) -> Any:
         if pre is not None:  # computed already (nm.fused): fresh views, never the cached objects
             return pre[0].view_as(pre[0]), pre[1].view_as(pre[1])
+        refuse_batched_weights(w, ramp, mask, scale)
         return _nm_forward(w, pattern, ramp, p, mask, scale)
 
     @staticmethod
