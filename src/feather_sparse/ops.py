@@ -370,25 +370,29 @@ def _scaled_grad(w: Tensor, t: Tensor, grad: Tensor, theta: float) -> Tensor:
 
 @torch.no_grad()
 def _grad_factor(w: Tensor, t: Tensor, theta: float, dtype: torch.dtype) -> Tensor:
-    """The factor ``c`` of :func:`_scaled_grad` as a new tensor, by the same operations.
+    """The factor ``c`` of :func:`_scaled_grad` as a new tensor (``dtype``), from ``w`` and ``T``.
 
     For a backward that must itself be differentiable (``create_graph=True``,
-    ``torch.func``), where the in-place, ``out=`` kernels of :func:`_grad_block`
-    cannot run: ``c`` is piecewise constant in ``w`` (zero derivative wherever
-    it has one), so ``g·c`` with ``c`` computed apart is the product to
-    differentiate, and its values are those of :func:`_grad_block` bit for bit.
+    ``torch.func``) and for the N:M backward: ``c`` is piecewise constant in
+    ``w`` (zero derivative wherever it has one), so ``g·c`` with ``c``
+    computed apart is the product to differentiate; the values are those of
+    :func:`_grad_block`, by the same kernels (:func:`_factor_into`).
     """
-    a = w.detach().to(dtype).abs()
-    a = (a - t.detach()).sign()  # -1 pruned, 0 at the threshold (pruned), 1 kept
-    return torch.add(torch.tensor(theta, dtype=dtype), a, alpha=2.0).clamp(float(theta), 1.0)
+    w = w.detach()
+    c = torch.empty(w.shape, dtype=dtype, device=w.device)
+    return _factor_into(w, t.detach(), torch.tensor(theta, dtype=dtype), c)
+
+
+def _factor_into(w: Tensor, t: Tensor, theta: Tensor, c: Tensor) -> Tensor:
+    """Write the factor ``clamp(θ + 2·sign(|w| − T), θ, 1)`` into ``c`` and return it."""
+    a = torch.abs(w, out=c) if w.dtype == c.dtype else c.copy_(w).abs_()
+    a.sub_(t).sign_()  # -1 pruned, 0 at the threshold (pruned), 1 kept
+    return torch.add(theta, a, alpha=2.0, out=a).clamp_(float(theta), 1.0)  # θ, θ, 1
 
 
 def _grad_block(w: Tensor, g: Tensor, t: Tensor, theta: Tensor, out: Tensor, c: Tensor) -> None:
     """``out = g·c`` with the factor ``c`` of :func:`_scaled_grad` built in ``c``."""
-    a = torch.abs(w, out=c) if w.dtype == c.dtype else c.copy_(w).abs_()
-    a.sub_(t).sign_()  # -1 pruned, 0 at the threshold (pruned), 1 kept
-    torch.add(theta, a, alpha=2.0, out=a).clamp_(float(theta), 1.0)  # θ, θ, 1
-    torch.mul(g, a, out=out)  # half gradients: computed in float32, rounded once
+    torch.mul(g, _factor_into(w, t, theta, c), out=out)  # half gradients: in float32, rounded once
 
 
 def threshold(

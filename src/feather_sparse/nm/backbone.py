@@ -140,8 +140,6 @@ class NMBackbone(Backbone):
                 self.release()  # masked layers take the plain path from now on
         # One 0-d tensor per device (the Pruner copies each into its layer's buffer).
         value = torch.tensor(min(ramp, 1.0), dtype=torch.float32)
-        if all(w.is_cpu for w in weights):
-            return [value] * len(weights)
         on: dict[torch.device, Tensor] = {}
         return [
             on[w.device] if w.device in on else on.setdefault(w.device, value.to(w.device))

@@ -62,7 +62,6 @@ from feather_sparse.ops import (
     _ZERO,
     BLOCK,
     _block,
-    _grad_block,
     _grad_factor,
     apply_function,
     compute_dtype,
@@ -371,44 +370,19 @@ class _NMThresholdSTE(torch.autograd.Function):
         w, aux = ctx.saved_tensors
         dtype = aux.dtype
         x = group_view(w.detach(), ctx.pattern)
-        g = grad.reshape(x.shape)
-        if torch.is_grad_enabled():  # create_graph=True or torch.func: no out= kernels
-            return _differentiable_grad(x, g, aux, theta, decay).reshape(grad.shape), *rest
-        out = torch.empty(x.shape, dtype=dtype, device=grad.device)
-        if aux.shape == x.shape:  # kept positions, 1/0
-            pruned = torch.sub(1.0, aux)
-            torch.mul(g, aux.mul(1.0 - theta).add_(theta), out=out)  # exactly 1 kept, θ pruned
-        else:  # thresholds: the factor of ops._grad_block, broadcast over each group
-            th = torch.tensor(theta, dtype=dtype)
-            _grad_block(x, g, aux, th, out, torch.empty_like(out))
-            if decay != 0.0:
-                pruned = (x.abs() <= aux).to(dtype)
-        if decay != 0.0:  # SR-STE: + λ·(1 − mask)⊙w
-            out.addcmul_(pruned, x.to(dtype), value=decay)
+        with torch.no_grad():  # constants of the backward: only g is differentiated through
+            if aux.shape == x.shape:  # kept positions, 1/0: exactly 1 kept, θ pruned
+                factor = aux.mul(1.0 - theta).add_(theta)
+                pruned = torch.sub(1.0, aux) if decay != 0.0 else None
+            else:  # thresholds: the factor of ops._grad_block, broadcast over each group
+                factor = _grad_factor(x, aux, theta, dtype)
+                pruned = (x.abs() <= aux).to(dtype) if decay != 0.0 else None
+        # Out of place, so that the backward is itself differentiable (create_graph=True,
+        # torch.func); half gradients are multiplied in float32 and rounded once.
+        out = grad.reshape(x.shape) * factor
+        if pruned is not None:  # SR-STE: + λ·(1 − mask)⊙w
+            out = out.addcmul(pruned, x.to(dtype), value=decay)
         return out.to(grad.dtype).reshape(grad.shape), *rest
-
-
-def _differentiable_grad(x: Tensor, g: Tensor, aux: Tensor, theta: float, decay: float) -> Tensor:
-    """The backward of :class:`_NMThresholdSTE` as differentiable operations on ``g``.
-
-    The factor (1 kept, θ pruned) and SR-STE's decay term are computed apart
-    from ``g`` (:func:`feather_sparse.ops._grad_factor`), by the same
-    operations as the ``out=`` path, so the values are the same bit for bit;
-    only ``g`` is differentiated through (for ``create_graph=True`` and
-    ``torch.func``).
-    """
-    dtype = aux.dtype
-    with torch.no_grad():
-        if aux.shape == x.shape:  # kept positions, 1/0
-            factor = aux.mul(1.0 - theta).add_(theta)
-            pruned = torch.sub(1.0, aux)
-        else:  # thresholds, broadcast over each group
-            factor = _grad_factor(x, aux, theta, dtype)
-            pruned = (x.abs() <= aux).to(dtype)
-    out = g * factor
-    if decay != 0.0:  # SR-STE: + λ·(1 − mask)⊙w
-        out = out.addcmul(pruned, x.to(dtype), value=decay)
-    return out.to(g.dtype)
 
 
 def nm_threshold(
