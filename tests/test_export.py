@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import struct
-import tempfile
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -947,7 +945,7 @@ def test_the_same_model_writes_the_same_bytes(tmp_path: Path) -> None:
     assert all(f == files[0] for f in files)
 
 
-def test_container_is_what_safetensors_writes_up_to_the_metadata_order() -> None:
+def test_container_is_what_safetensors_writes_up_to_the_metadata_order(tmp_path: Path) -> None:
     """The container writer lays the file out as safetensors does: same header
     (as JSON), same length, same tensor bytes; and safetensors reads it back."""
     from safetensors import safe_open
@@ -966,16 +964,9 @@ def test_container_is_what_safetensors_writes_up_to_the_metadata_order() -> None
     assert ours[:8] == theirs[:8] and n % 8 == 0
     assert json.loads(ours[8 : 8 + n]) == json.loads(theirs[8 : 8 + n])
     assert ours[8 + n :] == theirs[8 + n :]
-    with safe_open_bytes(ours) as path, safe_open(path, framework="pt") as f:
+    path = tmp_path / "f.safetensors"
+    path.write_bytes(ours)
+    with safe_open(str(path), framework="pt") as f:
         assert f.metadata() == metadata
         for name, blob in blobs.items():
             assert f.get_tensor(name).numpy().tobytes() == blob
-
-
-@contextlib.contextmanager
-def safe_open_bytes(data: bytes) -> Iterator[str]:
-    """``data`` in a temporary file, for readers that take a path."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "f.safetensors"
-        path.write_bytes(data)
-        yield str(path)
