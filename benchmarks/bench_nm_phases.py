@@ -27,8 +27,7 @@ from torch.nn.utils import parametrize
 
 import feather_sparse as fs
 from _timing import machine
-from bench_nm_step import BATCH, EXCLUDE, TimesOne, copy_forward, fresh
-from feather_sparse.nm import fused, operator
+from bench_nm_step import EXCLUDE, TimesOne, batch, copying, fresh
 
 COPY = "2:4, operator replaced by a copy"
 PHASES = ("forward", "backward", "optimizer", "pruner.step()", "pruner.step() again")
@@ -43,22 +42,13 @@ def timed_step(name: str, variant: str) -> Callable[[], tuple[float, ...]]:
             parametrize.register_parametrization(model.get_submodule(t.name), "weight", TimesOne())
     elif variant != "dense":
         pruner = fs.Pruner(model, pattern="2:4", exclude=EXCLUDE[name])
-    copy = variant == COPY
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(BATCH, 1, 40, generator=g)
-    y = torch.randint(0, 10, (BATCH,), generator=g)
+    x, y = batch()
 
     def step() -> tuple[float, ...]:
-        saved = operator._nm_forward
-        if copy:
-            operator._nm_forward = fused._nm_forward = copy_forward  # type: ignore[assignment]
-        try:
-            return _phases(model, pruner, opt, x, y)
-        finally:
-            operator._nm_forward = fused._nm_forward = saved
+        return _phases(model, pruner, opt, x, y)
 
-    return step
+    return copying(step) if variant == COPY else step
 
 
 def _phases(

@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import math
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -39,15 +40,21 @@ from feather_sparse.nm import fused, operator
 from feather_sparse.nm.operator import NMPattern
 
 BATCH = 128
+T = TypeVar("T")
 #: Layers of each model that an N:M pattern cannot take (reduction dim not a multiple of 4).
 EXCLUDE = {"mnist1d_cnn": ["features.0"], "mnist1d_mlpmixer": []}
 
 
-def make_step(model: nn.Module, pruner: fs.Pruner | None, micro: int) -> Callable[[], None]:
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed MNIST-1D-shaped batch every timed step trains on (seed 0)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(BATCH, 1, 40, generator=g)
     y = torch.randint(0, 10, (BATCH,), generator=g)
-    return train_step(model, pruner, x, y, micro)
+    return x, y
+
+
+def make_step(model: nn.Module, pruner: fs.Pruner | None, micro: int) -> Callable[[], None]:
+    return train_step(model, pruner, *batch(), micro)
 
 
 @contextlib.contextmanager
@@ -76,14 +83,14 @@ def copy_forward(
     return x.clone().reshape(w.shape), torch.zeros(x.shape[0], 1)
 
 
-def copying(step: Callable[[], None]) -> Callable[[], None]:
+def copying(step: Callable[[], T]) -> Callable[[], T]:
     """``step`` with the N:M forward replaced by :func:`copy_forward` while it runs."""
 
-    def run() -> None:
+    def run() -> T:
         saved = operator._nm_forward
         operator._nm_forward = fused._nm_forward = copy_forward
         try:
-            step()
+            return step()
         finally:
             operator._nm_forward = fused._nm_forward = saved
 
