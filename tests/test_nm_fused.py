@@ -257,6 +257,32 @@ def test_edit_through_data_is_seen(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not torch.equal(model(x), before)
 
 
+@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("how", ["module.weight", "dense_state_dict", "fine-tuned copy"])
+def test_editing_a_forward_handed_out_does_not_change_the_next(
+    monkeypatch: pytest.MonkeyPatch, how: str, fuse: bool
+) -> None:
+    """The cached ``P_T(w)`` reaches callers as views: an in-place edit of one is not reused."""
+    model = mlp()
+    pr = pruner(model, fuse, monkeypatch)
+    x = torch.randn(3, 16)
+    model(x)
+    model(x)  # a layer computed alone is cached from its second forward on
+    expected = model(x).detach().clone()
+    with torch.no_grad():
+        if how == "module.weight":
+            model[2].weight.mul_(0.0)
+        elif how == "dense_state_dict":
+            pr.dense_state_dict(pruned=True)["2.weight"].add_(1.0)
+        else:
+            copy_ = mlp()
+            copy_.load_state_dict(pr.dense_state_dict(pruned=True), assign=True)
+            for name, param in copy_.named_parameters():
+                if name.endswith("weight"):  # (biases are the model's own, as in any state_dict)
+                    param.add_(1.0)  # what an optimizer step on the copy does
+    assert torch.equal(model(x), expected)
+
+
 def test_load_state_dict_and_ramp_writes_recompute(monkeypatch: pytest.MonkeyPatch) -> None:
     model = mlp()
     pr = pruner(model, True, monkeypatch, schedule="cubic", total_steps=10)

@@ -66,10 +66,11 @@ class NMBackbone(Backbone):
       weight's gradient;
     - ``rescale`` (S-STE): the forward is multiplied by a per-tensor
       ``β = ⟨w, S(w)⟩ / ⟨S(w), S(w)⟩`` with ``S`` the soft (p = 1) N:M
-      threshold, computed once, when the pattern is first applied, and fixed;
+      threshold, computed when the pattern is first applied and fixed once a
+      training step has run (updates before the first step take it again);
     - ``freeze`` (one-shot): the N:M magnitude mask taken when the pattern is
-      first applied is kept for the rest of training; the forward is then
-      plain masking (``p`` unused).
+      first applied (again at each update before the first step) is kept for
+      the rest of training; the forward is then plain masking (``p`` unused).
 
     Args:
         pattern: ``"2:4"``, ``"1:4"``, ``"4:8"``, … or an
@@ -104,6 +105,7 @@ class NMBackbone(Backbone):
         self._beta: list[Tensor] | None = None
         self._masks: list[Tensor] | None = None
         self._fused: FusedNMForward | None = None
+        self._at_start = True  # no training step yet: β and a frozen mask are still open
 
     def setup(self, targets: Sequence[PruneTarget]) -> None:
         for t in targets:
@@ -117,6 +119,7 @@ class NMBackbone(Backbone):
         self._fused = FusedNMForward(self.pattern, eligible, alone) if cached else None
 
     def advance(self, step: int, total_steps: int, final_sparsity: float) -> None:
+        self._at_start = step == 0
         if not math.isclose(final_sparsity, self.pattern.sparsity, abs_tol=1e-12):
             raise ValueError(
                 f"the {self.pattern} pattern prunes {self.pattern.sparsity:g} of the weights, "
@@ -132,10 +135,13 @@ class NMBackbone(Backbone):
                 f"{self.pattern.sparsity:g}; an N:M pattern fixes the sparsity"
             )
         if ramp >= 1.0:
-            if self.rescale and self._beta is None:
+            # Fixed once training has started; before the first step every update takes
+            # them again (the recipe for DDP calls update() once the ranks hold the same
+            # weights, which must then get the same β and mask).
+            if self.rescale and (self._beta is None or self._at_start):
                 self._beta = self._rescale_factors(weights)
                 self.release()  # forwards cached without β are stale
-            if self.freeze and self._masks is None:
+            if self.freeze and (self._masks is None or self._at_start):
                 self._masks = [nm_keep_mask(w, self.pattern)[0].reshape(w.shape) for w in weights]
                 self.release()  # masked layers take the plain path from now on
         # One 0-d tensor per device (the Pruner copies each into its layer's buffer).

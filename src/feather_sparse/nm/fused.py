@@ -18,8 +18,12 @@ through two built-in autograd nodes instead of a Python Function (see
 
 Exactness. A layer's slice is used only while the layer's weight is, bit
 for bit, the weight the slice was computed from (compared at each use, one
-kernel), its ramp buffer is the same tensor at the same version and ``p`` is
-the same; anything else recomputes. So an in-place edit through ``.data``,
+kernel), its ramp buffer is the same tensor at the same version, ``p`` is
+the same and no forward handed out has been edited in place (the cached
+``P_T(w)`` reaches the caller as a view, whose in-place edits move the
+cache's version counter: writing into ``module.weight``, or fine-tuning a
+tensor from ``dense_state_dict(pruned=True)``, must not change the next
+forward); anything else recomputes. So an in-place edit through ``.data``,
 a ``load_state_dict``, an optimizer step or a moved buffer never yields a
 stale weight. Groups never straddle two layers (a layer holds whole groups),
 and the arithmetic is elementwise per group, so the fused result equals the
@@ -154,6 +158,7 @@ class _Entry:
     ramp: Tensor  # the ramp buffer it used (identity and version are checked)
     ramp_version: int
     p: float
+    out_version: int  # out's version counter when computed: an in-place edit of a view moves it
     hits: int = 0  # uses after the computation (layers computed alone)
 
 
@@ -259,7 +264,7 @@ class FusedNMForward:
         with torch.no_grad():
             reference = weight.detach().clone()
             out, aux = _nm_forward(reference, self.pattern, ramp, p, None, scale)
-        self._entries[index] = _Entry(reference, out, aux, ramp, ramp._version, p)
+        self._entries[index] = _Entry(reference, out, aux, ramp, ramp._version, p, out._version)
         return out, aux
 
     @staticmethod
@@ -268,6 +273,7 @@ class FusedNMForward:
             entry.p == p
             and entry.ramp is ramp
             and entry.ramp_version == ramp._version
+            and entry.out._version == entry.out_version  # no edit of a forward handed out
             and same_bits(weight, entry.reference)  # reads bits only: no detach needed
         )
 
@@ -313,6 +319,7 @@ class FusedNMForward:
                 ramp=r,
                 ramp_version=r._version,
                 p=p,
+                out_version=out._version,  # the slices share the whole pass's counter
             )
             start += n
 
