@@ -191,7 +191,7 @@ def test_callable_schedule() -> None:
     pruner.step()
     assert pruner.sparsity_achieved() == pytest.approx(0.1, abs=1 / pruner.num_params)
     bad = fs.Pruner(SmallCNN(), 0.9, total_steps=10, schedule=lambda step: 2.0 * step)
-    with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
+    with pytest.raises(ValueError, match="must be in \\[0, 1\\)"):
         bad.step()
 
 

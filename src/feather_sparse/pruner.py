@@ -25,6 +25,7 @@ types it returns: its settings and their checks are in
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import re
@@ -47,6 +48,7 @@ from feather_sparse.backbones import (
 from feather_sparse.nm import NMBackbone, NMPattern
 from feather_sparse.ops import Operator, OutputCache, ThresholdOperator, compute_dtype
 from feather_sparse.pruner_config import DEFAULT_INCLUDE, FORMAT_VERSION, PrunerConfig, auto_theta
+from feather_sparse.rules import check_sparsity
 from feather_sparse.schedules import Schedule
 
 if TYPE_CHECKING:
@@ -182,10 +184,21 @@ def _find_targets(
     exclude: Sequence[str],
     min_params: int,
 ) -> list[PruneTarget]:
+    """The modules whose ``weight`` the settings select, in ``named_modules`` order.
+
+    Raises:
+        ValueError: for a plain name in ``include`` or ``exclude`` that names no
+            module of ``model`` (a typo would otherwise prune a layer meant to
+            stay dense, or skip one meant to be pruned); ``"re:"`` patterns may
+            match nothing.
+    """
     types = tuple(i for i in include if isinstance(i, type))
     names = [i for i in include if isinstance(i, str)]
+    modules = dict(model.named_modules())
+    _check_names_exist(modules, names, "include", children=False)
+    _check_names_exist(modules, exclude, "exclude", children=True)
     targets = []
-    for name, module in model.named_modules():
+    for name, module in modules.items():
         if not (isinstance(module, types) or (names and _matches(name, names, children=False))):
             continue
         if _matches(name, exclude, children=True):
@@ -197,6 +210,91 @@ def _find_targets(
             continue
         targets.append(PruneTarget(name, module))
     return targets
+
+
+def _check_names_exist(
+    modules: dict[str, nn.Module], patterns: Sequence[str], what: str, children: bool
+) -> None:
+    """Raise for a plain name in ``patterns`` that matches no module (see :func:`_matches`)."""
+    missing = [
+        pat
+        for pat in patterns
+        if not pat.startswith("re:")
+        and pat not in modules
+        and not (children and any(name.startswith(pat + ".") for name in modules))
+    ]
+    if not missing:
+        return
+    hints = []
+    for pat in missing:
+        close = difflib.get_close_matches(pat, [n for n in modules if n], n=3)
+        guess = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        hints.append(f"{pat!r}{guess}")
+    raise ValueError(
+        f"{what} names no module of the model: {', '.join(hints)}; give names as "
+        "model.named_modules() lists them, or a 're:' pattern where matching nothing is fine"
+    )
+
+
+def _tied(
+    model: nn.Module, targets: Sequence[PruneTarget], exclude: Sequence[str]
+) -> tuple[list[PruneTarget], list[tuple[PruneTarget, int]]]:
+    """One target per weight tensor, and the other layers holding a target's weight.
+
+    A weight shared by several modules (tied embeddings and output layers,
+    a layer reused under two names) is one tensor: it is pruned once, with
+    one threshold, and every module holding it as its ``weight`` gets the
+    same parametrization, so all of them see ``P_T(w)`` during training as
+    after :meth:`Pruner.finalize` (which bakes it in once).
+
+    Returns:
+        ``(targets, tied)``: the targets, the first of each weight kept;
+        ``tied`` the other holders, each with the index of its target.
+
+    Raises:
+        ValueError: when a module holds a target's weight under another name
+            than ``weight`` (it could not see the pruned weight), or an
+            excluded layer shares a pruned layer's weight.
+    """
+    holders: dict[int, list[tuple[str, nn.Module, str]]] = {}
+    for name, module in model.named_modules():
+        for attr, param in module._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((name, module, attr))
+    unique: list[PruneTarget] = []
+    tied: list[tuple[PruneTarget, int]] = []
+    seen: set[int] = set()
+    for t in targets:
+        key = id(t.weight)
+        if key in seen:
+            continue
+        seen.add(key)
+        for name, module, attr in holders.get(key, []):
+            if module is t.module and attr == "weight":
+                continue
+            where = _join(name, attr)
+            if isinstance(module, parametrize.ParametrizationList):
+                owner = name.rsplit(".", 2)[0]  # <owner>.parametrizations.weight
+                raise ValueError(
+                    f"the weight of layer {t.name!r} is also the weight of {owner!r}, "
+                    "which already has a parametrization on it (a Pruner is attached, or another "
+                    "parametrization is): call pruner.remove() or pruner.finalize() on the earlier "
+                    "Pruner first"
+                )
+            if attr != "weight":
+                raise ValueError(
+                    f"the weight of layer {t.name!r} is also held as {where!r}, which would not "
+                    f"see it pruned: untie the two, or leave the layer dense (exclude=[{t.name!r}])"
+                )
+            if _matches(name, exclude, children=True):
+                raise ValueError(
+                    f"layer {name!r} is excluded but shares its weight with {t.name!r}, which is "
+                    "pruned: a tied weight is pruned everywhere or nowhere; exclude both or neither"
+                )
+            tied.append((PruneTarget(name, module), len(unique)))
+            logger.info("layer %r shares its weight with %r: pruned with it", name, t.name)
+        unique.append(t)
+    return unique, tied
 
 
 class Pruner:
@@ -336,6 +434,7 @@ class Pruner:
                     "attached, or another parametrization is): call pruner.remove() or "
                     "pruner.finalize() on the earlier Pruner first"
                 )
+        targets, tied = _tied(model, targets, exclude)
         distributed.refuse_sharded_model(model, [t.weight for t in targets])
         ddp_indices = distributed.ddp_reducer_indices(model)
         devices = {t.weight.device for t in targets}
@@ -359,6 +458,8 @@ class Pruner:
         self.check_finite = config.check_finite
         self.process_group = process_group
         self.targets = targets
+        #: Other layers holding a target's weight (tied weights), with the target's index.
+        self.tied = tied
         self._step = 0
         self._finished = False
         self._warned_collapse: set[str] = set()
@@ -370,6 +471,7 @@ class Pruner:
         hook = self.backbone if _overrides(self.backbone, "forward_weight") else None
         attached: list[PruneTarget] = []
         try:
+            params = []
             for index, (t, value) in enumerate(zip(targets, thresholds)):
                 buf = (
                     value.detach()
@@ -379,6 +481,10 @@ class Pruner:
                 param = FeatherParametrization(self.operator, self.theta, buf, hook, index)
                 parametrize.register_parametrization(t.module, "weight", param)
                 attached.append(t)
+                params.append(param)
+            for alias, index in tied:  # the same parametrization: one threshold, one weight
+                parametrize.register_parametrization(alias.module, "weight", params[index])
+                attached.append(alias)
         except Exception:
             for t in attached:  # leave the model as we found it
                 parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
@@ -412,9 +518,10 @@ class Pruner:
             s = self.schedule(step, self.total_steps, self.sparsity)
         else:
             s = float(self.schedule(step))
-        if not 0.0 <= s <= 1.0:
+        if not 0.0 <= s < 1.0:  # 1 would prune every weight; also rejects NaN
             raise ValueError(
-                f"the schedule returned sparsity {s} at step {step}; it must be in [0, 1]"
+                f"the schedule returned sparsity {s} at step {step}; it must be in [0, 1) "
+                "(1 would prune every weight)"
             )
         return s
 
@@ -429,6 +536,10 @@ class Pruner:
         # the buffers dictionary itself: nn.Module.__getattr__ costs microseconds per layer
         buffers: list[Any] = [self._parametrization(t)._buffers["threshold"] for t in self.targets]
         return buffers
+
+    def parametrized_layers(self) -> list[PruneTarget]:
+        """Every layer with a parametrization: the targets, then the layers tied to them."""
+        return [*self.targets, *(alias for alias, _ in self.tied)]
 
     def weights(self) -> list[Tensor]:
         """The stored dense weights (what the optimizer updates)."""
@@ -594,7 +705,7 @@ class Pruner:
     def update(self, sparsity: float | None = None) -> None:
         """Recompute the thresholds now, at ``sparsity`` (default: the schedule's)."""
         self._check_attached()
-        s = self.scheduled_sparsity() if sparsity is None else float(sparsity)
+        s = self.scheduled_sparsity() if sparsity is None else check_sparsity(sparsity)
         self._write_thresholds(self._compute_thresholds(s))
         self._current = s
 
@@ -625,14 +736,27 @@ class Pruner:
             RuntimeError: if the Pruner was already finalized or removed, or
                 the weights are sharded by FSDP2 (its modules cannot drop the
                 parametrization; see ``docs/distributed.md`` for the recipe).
+            ValueError: for a ``sparsity`` outside [0, 1) (the model is left
+                as it was).
         """
         self._check_attached()
         distributed.check_unsharded(self.model, self.weights(), "finalize")
-        target = self.sparsity if sparsity is None else float(sparsity)
-        self.update(target)
+        target = self.sparsity if sparsity is None else check_sparsity(sparsity)
         if _overrides(self.backbone, "check_final"):  # what will be baked, while undoable
-            for i, t in enumerate(self.targets):
-                self.backbone.check_final(i, self._parametrization(t)(t.weight))
+            before = self.state_dict()
+            try:
+                self.update(target)
+                for i, t in enumerate(self.targets):
+                    self.backbone.check_final(i, self._parametrization(t)(t.weight))
+            except Exception:
+                self.load_state_dict(before)  # refused: the Pruner goes on as it was
+                raise
+        else:
+            self.update(target)
+        # A tied layer lets go of the shared weight first; its target then bakes
+        # P_T(w) into that one tensor, in place, once.
+        for alias, _ in self.tied:
+            parametrize.remove_parametrizations(alias.module, "weight", leave_parametrized=False)
         for t in self.targets:
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=True)
         self._finished = True
@@ -664,7 +788,7 @@ class Pruner:
         """Detach without baking: the model gets its dense weights back."""
         self._check_attached()
         distributed.check_unsharded(self.model, self.weights(), "remove")
-        for t in self.targets:
+        for t in self.parametrized_layers():
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
         self._finished = True
         self.backbone.release()
@@ -682,10 +806,13 @@ class Pruner:
 
         Args:
             pruned: False gives the stored dense weights (what training
-                continues from); True gives ``P_T(w)``, what the forward uses now.
+                continues from); True gives ``P_T(w)``, what the forward uses now,
+                in tensors of their own (editing them changes nothing in the model).
         """
         self._check_attached()
-        remap = {_join(t.name, "parametrizations.weight.original"): t for t in self.targets}
+        remap = {
+            _join(t.name, "parametrizations.weight.original"): t for t in self.parametrized_layers()
+        }
         out: dict[str, Tensor] = {}
         for key, value in self.model.state_dict().items():
             t = remap.get(key)
@@ -694,7 +821,9 @@ class Pruner:
                 continue
             plain = _join(t.name, "weight")
             if pruned:
-                out[plain] = distributed.on_local_shard(self._parametrization(t), value).detach()
+                # a tensor of its own: the forward may be a view of a cache (nm.fused)
+                pruned_value = distributed.on_local_shard(self._parametrization(t), value)
+                out[plain] = pruned_value.detach().clone()
             else:
                 out[plain] = value
         return out
@@ -758,7 +887,7 @@ class Pruner:
                 different configuration (the message names the field).
         """
         self._check_attached()
-        _check_state(state)
+        _check_state(state)  # the whole layout, before anything is applied
         saved, mine = state["config"], self.config()
         for key in self._MUST_MATCH:
             if saved.get(key) != mine.get(key):
@@ -772,10 +901,10 @@ class Pruner:
             raise ValueError(
                 f"state holds {len(thresholds)} thresholds, this Pruner has {len(self.targets)}"
             )
-        self._write_thresholds(thresholds)
-        self._step = int(state["step"])
+        self.backbone.load_state_dict(state["backbone"])  # may still refuse: nothing else set yet
+        self._write_thresholds([t.reshape(()) for t in thresholds])
+        self._step = state["step"]
         self._current = float(state["current_sparsity"])
-        self.backbone.load_state_dict(state["backbone"])
 
     @classmethod
     def from_state_dict(cls, model: nn.Module, state: dict[str, Any], **overrides: Any) -> Pruner:
@@ -808,7 +937,11 @@ class Pruner:
             raise ValueError("this Pruner used a custom schedule callable: pass schedule=... again")
         kwargs.update(overrides)
         pruner = cls(model, **kwargs)
-        pruner.load_state_dict(state)
+        try:
+            pruner.load_state_dict(state)
+        except Exception:
+            pruner.remove()  # the caller never gets this Pruner: leave the model as it was
+            raise
         return pruner
 
     def __repr__(self) -> str:
@@ -833,6 +966,62 @@ def _check_state(state: Any) -> None:
             f"this Pruner state has format version {version!r}, newer than the {FORMAT_VERSION} "
             f"this feather-sparse ({__version__}) reads; upgrade feather-sparse to load it"
         )
+
+    def bad(field: str, why: str) -> ValueError:
+        return ValueError(
+            f"not a valid Pruner state: {field} {why} (the state is damaged, or was not written "
+            "by Pruner.state_dict); nothing was loaded"
+        )
+
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise bad("'step'", f"must be an int >= 0, got {step!r}")
+    current = state.get("current_sparsity")
+    if (
+        isinstance(current, bool)
+        or not isinstance(current, (int, float))
+        or not 0.0 <= current < 1.0
+    ):
+        raise bad("'current_sparsity'", f"must be a number in [0, 1), got {current!r}")
+    thresholds = state.get("thresholds")
+    if not isinstance(thresholds, (list, tuple)):
+        raise bad("'thresholds'", f"must be a list of tensors, got {type(thresholds).__name__}")
+    for i, t in enumerate(thresholds):
+        if not isinstance(t, Tensor) or t.numel() != 1 or not t.is_floating_point():
+            raise bad(f"thresholds[{i}]", f"must be a one-element float tensor, got {t!r}")
+        value = float(t)
+        if not (math.isfinite(value) and value >= 0.0):
+            raise bad(f"thresholds[{i}]", f"must be finite and >= 0, got {value}")
+    if not isinstance(state.get("backbone"), dict):
+        raise bad("'backbone'", "must be a dict (the backbone's own state)")
+    config = state.get("config")
+    if not isinstance(config, dict):
+        raise bad("'config'", "must be a dict (Pruner.config())")
+    missing = [key for key in _STATE_CONFIG_KEYS if key not in config]
+    if missing:
+        raise bad("'config'", f"lacks {', '.join(missing)}")
+    if not isinstance(config["operator"], dict) or "name" not in config["operator"]:
+        raise bad("config['operator']", "must be a dict with a 'name'")
+    if not isinstance(config["schedule"], dict):
+        raise bad("config['schedule']", "must be a dict")
+    targets = config["targets"]
+    if not isinstance(targets, list) or not all(isinstance(n, str) for n in targets):
+        raise bad("config['targets']", "must be a list of layer names")
+
+
+#: What :meth:`Pruner.from_state_dict` reads from a state's ``config``.
+_STATE_CONFIG_KEYS = (
+    "sparsity",
+    "total_steps",
+    "operator",
+    "theta",
+    "theta_rule",
+    "backbone",
+    "schedule",
+    "update_every",
+    "targets",
+    "max_layer_sparsity",
+)
 
 
 #: ``torch._foreach_copy_`` (one call copying every layer's threshold), where this torch has it.

@@ -20,10 +20,11 @@ the library was imported.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from torch import nn
 
@@ -98,6 +99,50 @@ def _int_at_least(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     return value
+
+
+T = TypeVar("T")
+
+
+def _build(kind: str, cls: Callable[..., T], options: dict[str, Any]) -> T:
+    """``cls(**options)``, a wrong option name or type reported as a ValueError.
+
+    Raises:
+        ValueError: naming the ``kind`` (backbone, schedule), the options given
+            and the ones ``cls`` accepts.
+    """
+    try:
+        return cls(**options)
+    except TypeError as err:
+        kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        accepted = [n for n, p in inspect.signature(cls).parameters.items() if p.kind in kinds]
+        raise ValueError(
+            f"invalid {kind} options {options!r} for {getattr(cls, '__name__', cls)}: {err}; "
+            f"its options are: {', '.join(accepted) or 'none'}"
+        ) from None
+
+
+def _layer_selection(name: str, value: Any, types: bool) -> tuple[Any, ...]:
+    """``include``/``exclude`` as a tuple of module names, ``"re:"`` patterns and
+    (``include`` only) ``nn.Module`` subclasses; one name or type alone makes a tuple of one.
+
+    Raises:
+        ValueError: for anything else, naming the argument and the item.
+    """
+    if isinstance(value, str) or (types and isinstance(value, type)):
+        value = (value,)
+    what = "module names, 're:' patterns" + (" or nn.Module types" if types else "")
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a list of {what}, got {value!r}") from None
+    for item in items:
+        if not (
+            isinstance(item, str)
+            or (types and isinstance(item, type) and issubclass(item, nn.Module))
+        ):
+            raise ValueError(f"{name} must hold {what}; {item!r} is none of them")
+    return items
 
 
 @dataclass(frozen=True)
@@ -190,12 +235,12 @@ class PrunerConfig:
         put("theta", check_theta(self.theta, allow_auto=True))
         put("update_every", _int_at_least("update_every", self.update_every, 1))
         put("min_params", _int_at_least("min_params", self.min_params, 0))
+        if not isinstance(self.check_finite, bool):  # "no" would be truthy: checks left on
+            raise ValueError(f"check_finite must be True or False, got {self.check_finite!r}")
         if self.max_layer_sparsity is not None:
             put("max_layer_sparsity", check_sparsity(self.max_layer_sparsity, "max_layer_sparsity"))
-        include = self.include
-        put("include", (include,) if isinstance(include, (str, type)) else tuple(include))
-        exclude = self.exclude
-        put("exclude", (exclude,) if isinstance(exclude, str) else tuple(exclude))
+        put("include", _layer_selection("include", self.include, types=True))
+        put("exclude", _layer_selection("exclude", self.exclude, types=False))
         for pat in [*(i for i in self.include if isinstance(i, str)), *self.exclude]:
             if pat.startswith("re:"):
                 try:
@@ -237,7 +282,7 @@ class PrunerConfig:
         if isinstance(backbone, Mapping):
             options = dict(backbone)
             cls = BACKBONES.get(options.pop("name", None) or "")
-            return cls(**options)
+            return _build("backbone", cls, options)
         cls = BACKBONES.get(backbone)
         if not (isinstance(cls, type) and issubclass(cls, Backbone)):
             raise ValueError(
@@ -257,7 +302,7 @@ class PrunerConfig:
         if isinstance(schedule, Mapping):
             options = dict(schedule)
             cls = SCHEDULES.get(options.pop("name", None) or "")
-            return cls(**options)
+            return _build("schedule", cls, options)
         if isinstance(schedule, Schedule) or callable(schedule):
             return schedule
         raise ValueError(
