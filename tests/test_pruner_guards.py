@@ -356,3 +356,17 @@ def test_updates_before_the_first_step_take_beta_and_the_frozen_mask_again(metho
     for key in ("beta", "masks"):
         if fixed[key] is not None:
             assert all(torch.equal(a, b) for a, b in zip(later[key], fixed[key]))
+
+
+def test_sharded_one_shot_nm_names_the_option_not_a_contradiction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The 'nm' backbone shards, one-shot's frozen mask does not: the message says which."""
+    from feather_sparse import distributed
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    pruner = fs.make_pruner(model, "oneshot-nm", pattern="2:4", total_steps=10)
+    monkeypatch.setattr(distributed, "local_weights", lambda weights, group: (weights, object()))
+    with pytest.raises(ValueError, match="with these options \\(a frozen one-shot N:M mask") as err:
+        pruner.step()
+    assert "use one that does" not in str(err.value)

@@ -613,6 +613,13 @@ class Pruner:
         if group is not None:
             if not self.backbone.supports_sharding:
                 able = [n for n in BACKBONES.names() if BACKBONES.get(n).supports_sharding]
+                if type(self.backbone).supports_sharding:  # this backbone's options turn it off
+                    raise ValueError(
+                        f"backbone {self.backbone.config()!r} does not support sharded "
+                        "(FSDP2/DTensor) weights with these options (a frozen one-shot N:M mask "
+                        "is kept per shard, but the forward sees whole weights); use another "
+                        "N:M method, or DDP"
+                    )
                 raise ValueError(
                     f"backbone {self.backbone.name!r} does not support sharded (FSDP2/DTensor) "
                     f"weights; use one that does ({', '.join(able)})"
