@@ -401,6 +401,58 @@ def test_bad_arguments(tmp_path: Path) -> None:
     assert not (tmp_path / "x.fsp").exists()
 
 
+@guard(
+    "`save_sparse` of a non-model, non-mapping metadata, a uint16 or sparse tensor; "
+    "`load_sparse(path, 'name')`; `export_onnx` with a list; `to_sparse_inference(m, '0.9')`",
+    "`TypeError` naming the argument and what it accepts; nothing written",
+)
+def test_wrong_types_name_the_argument(tmp_path: Path) -> None:
+    out = tmp_path / "x.fsp"
+    model = nn.Linear(2, 2)
+    for bad in (None, torch.zeros(2), Pruner(nn.Linear(4, 4), 0.5, 10)):
+        with pytest.raises(TypeError, match=r"model must be an nn\.Module or a state_dict"):
+            save_sparse(bad, out)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"pruner\.finalize\(\) and save pruner\.model"):
+        save_sparse(Pruner(nn.Linear(4, 4), 0.5, 10), out)  # type: ignore[arg-type]
+    for metadata in (["x"], "note"):
+        with pytest.raises(TypeError, match="metadata must be a mapping"):
+            save_sparse(model, out, metadata=metadata)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"entry 'w' has dtype uint16.*int8 to int64"):
+        save_sparse({"w": torch.zeros(8, dtype=torch.uint16)}, out)
+    with pytest.raises(TypeError, match=r"entry 'w' is a sparse_coo tensor.*to_dense\(\)"):
+        save_sparse({"w": torch.eye(4).to_sparse()}, out)
+    assert not out.exists()
+    save_sparse(model, out)
+    with pytest.raises(TypeError, match=r"model must be the nn.Module.*create_model\('mlp'\)"):
+        load_sparse(out, "mlp")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"example_input must be one tensor.*got list"):
+        export_onnx(model, tmp_path / "x.onnx", [torch.randn(2, 2)])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"min_sparsity must be a number in \[0, 1\]"):
+        to_sparse_inference(model, "0.9")  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.fsp"]
+
+
+@guard(
+    "`save_sparse` or `export_onnx` to a path holding another kind of file "
+    "(a training checkpoint, a `.fsp`)",
+    "`FileExistsError` naming the file; the file unchanged",
+)
+def test_a_file_of_another_kind_is_never_replaced(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "last.pt"
+    torch.save({"model": {"w": torch.zeros(2)}}, checkpoint)
+    before = checkpoint.read_bytes()
+    with pytest.raises(FileExistsError, match=r"last\.pt already holds a PyTorch checkpoint"):
+        save_sparse(nn.Linear(2, 2), checkpoint)
+    fsp = tmp_path / "m.fsp"
+    save_sparse(nn.Linear(2, 2), fsp)
+    save_sparse(nn.Linear(3, 3), fsp)  # a .fsp over a .fsp: replaced, as always
+    good = fsp.read_bytes()
+    with pytest.raises(FileExistsError, match=r"m\.fsp already holds a sparse checkpoint"):
+        export_onnx(nn.Linear(3, 3), fsp, torch.randn(2, 3))
+    assert checkpoint.read_bytes() == before and fsp.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "m.fsp"]
+
+
 def _rewrite_header(path: Path, edit: Callable[[dict], None]) -> None:
     """Edit the decoded ``feather.header`` JSON and write it back validly (new CRC-64)."""
     import lzma
@@ -685,6 +737,7 @@ def fake_zoo(monkeypatch: pytest.MonkeyPatch) -> ZooFactory:
 
 
 def _checkpoint(model: nn.Module, state: dict[str, torch.Tensor], pruner: object) -> dict:
+    """A training checkpoint of format 1 (no checksum), with every entry a resume reads."""
     return {
         "format": "feather-sparse-checkpoint",
         "version": 1,
@@ -694,6 +747,8 @@ def _checkpoint(model: nn.Module, state: dict[str, torch.Tensor], pruner: object
         "model": state,
         "pruner": pruner,
         "optimizer": {},
+        "lr_scheduler": {},
+        "rng": {"torch": torch.get_rng_state(), "numpy": [], "python": [], "cuda": []},
     }
 
 
@@ -874,6 +929,44 @@ def test_cli_export_rejects_other_checkpoints(
     torch.save({"format": "something-else", "model": {}, "config": {}}, tmp_path / "x.pt")
     assert cli.main(["export", str(tmp_path / "x.pt"), "-o", str(tmp_path / "x.fsp")]) == 1
     assert "something-else" in capsys.readouterr().err
+
+
+@guard(
+    "`export` to the file it reads, into the run's `checkpoints/`, or over a file of "
+    "another kind (a training checkpoint; a `.fsp` for `--onnx`)",
+    "CLI exit 1, one line naming the file; nothing written; a `.fsp` over a `.fsp` still replaced",
+)
+def test_cli_export_never_writes_over_what_it_reads_or_another_kind(
+    fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run, _ = _write_run(tmp_path, fake_zoo)
+    last = run / "checkpoints" / "last.pt"
+    fsp = tmp_path / "model.fsp"
+    assert cli.main(["export", str(run), "-o", str(fsp)]) == 0
+    other = tmp_path / "other.pt"  # a training checkpoint of another run
+    other.write_bytes(last.read_bytes())
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+    def refused(argv: list[str], *expected: str) -> None:
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and all(text in err[0] for text in expected), err
+
+    checkpoints = run / "checkpoints"
+    refused(["export", str(run), "-o", str(last)], f"cannot write {last}", "--resume")
+    refused(["export", str(run), "-o", str(checkpoints / "new.fsp")], f"inside {checkpoints}")
+    refused(["export", str(last), "-o", str(checkpoints / "prev.pt")], f"inside {checkpoints}")
+    refused(["export", str(fsp), "-o", str(fsp)], f"cannot write {fsp}", "the file being read")
+    refused(["export", str(fsp), "-o", str(other)], f"{other} already holds a PyTorch checkpoint")
+    refused(["export", str(run), "--onnx", str(fsp)], f"{fsp} already holds a sparse checkpoint")
+    both = tmp_path / "both.fsp"
+    refused(["export", str(run), "-o", str(both), "--onnx", str(both)], "both name")
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before
+    # Replacing a file of the same kind works as it always did.
+    assert cli.main(["export", str(run), "-o", str(fsp), "--values", "fp16"]) == 0
+    assert inspect_sparse(fsp).values == "fp16"
 
 
 # ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from feather_sparse.export.files import check_writable
 from feather_sparse.export.fsp import inspect_sparse, save_sparse
 from feather_sparse.export.header import MODEL_SPEC_ATTR, format_info, human_bytes
 from feather_sparse.export.onnx import export_onnx, verify_onnx
-from feather_sparse.export.run import load_export_source
+from feather_sparse.export.run import load_export_source, source_paths
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
@@ -69,6 +69,10 @@ def _input_shape(model: nn.Module, text: str | None) -> tuple[int, ...]:
     raise ValueError("the model has no registered input shape; pass --input-shape")
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
+
+
 def run(command: str, args: argparse.Namespace) -> int:
     """Run ``feather-sparse export`` or ``feather-sparse inspect``; returns the exit code.
 
@@ -80,9 +84,20 @@ def run(command: str, args: argparse.Namespace) -> int:
         return 0
     if args.output is None and args.onnx is None:
         raise ValueError("nothing to write: give -o model.fsp and/or --onnx model.onnx")
-    for target, suggestion in ((args.output, "model.fsp"), (args.onnx, "model.onnx")):
+    if args.output is not None and args.onnx is not None and _same_file(args.output, args.onnx):
+        raise ValueError(
+            f"-o and --onnx both name {args.output}: the ONNX model would replace the .fsp; "
+            "give two files, e.g. -o model.fsp --onnx model.onnx"
+        )
+    # Before the slow part, not after it: a target that cannot be written, the
+    # file being exported or the run's checkpoints, or a file of another kind.
+    reads = source_paths(args.source)
+    for target, suggestion, kind in (
+        (args.output, "model.fsp", "safetensors"),
+        (args.onnx, "model.onnx", "onnx"),
+    ):
         if target is not None:
-            check_writable(target, suggestion)  # before the slow part, not after it
+            check_writable(target, suggestion, kind=kind, reads=reads)
     source = load_export_source(args.source, sparsity=args.sparsity)
     model = source.model
     if source.warning:

@@ -3,25 +3,60 @@
 Used by :mod:`feather_sparse.export.fsp` to check and recognize ``.fsp`` files
 and by :mod:`feather_sparse.export.run` to tell a ``.fsp`` from a training
 checkpoint. Errors name the path and what to do; unusable paths are
-``OSError`` subclasses (``IsADirectoryError``, ``NotADirectoryError``). The
-write itself is :func:`feather_sparse.integrity.write_atomic`.
+``OSError`` subclasses (``IsADirectoryError``, ``NotADirectoryError``, and
+``FileExistsError`` for a file that must not be replaced). The write itself
+is :func:`feather_sparse.integrity.write_atomic`.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterable
 from pathlib import Path
+
+from feather_sparse.run_files import CHECKPOINTS_DIR
 
 __all__ = ["check_writable", "sniff"]
 
+# The kinds of file export writes or finds in the way, for people: the names
+# sniff() gives, and "onnx" (written, never sniffed).
+_KINDS = {
+    "safetensors": "a sparse checkpoint (.fsp)",
+    "zip": "a PyTorch checkpoint (a training run's last.pt, or another torch.save file)",
+    "onnx": "an ONNX model",
+}
 
-def check_writable(target: Path, example: str = "model.fsp") -> None:
-    """Raise a clear ``OSError`` if ``target`` cannot be a file we write.
+
+def check_writable(
+    target: Path,
+    example: str = "model.fsp",
+    *,
+    kind: str = "safetensors",
+    reads: Iterable[Path] = (),
+) -> None:
+    """Raise a clear ``OSError`` if ``target`` cannot, or must not, be a file we write.
+
+    An existing file of the same kind is replaced (re-exporting a model
+    overwrites the old ``model.fsp``), and so is a file :func:`sniff` cannot
+    tell (an ONNX file, a text file). An existing file of another known kind
+    is not: writing a ``.fsp`` over a training checkpoint, or an ONNX model
+    over a ``.fsp``, would destroy it without a word.
 
     Args:
         target: the file to write.
         example: a file name to suggest when ``target`` is a folder.
+        kind: what will be written: ``"safetensors"`` (a ``.fsp``), ``"zip"`` or
+            ``"onnx"``.
+        reads: the files and folders the command reads from (its source, a
+            run's ``checkpoints`` folder): ``target`` must not be one of them
+            or lie inside one.
+
+    Raises:
+        IsADirectoryError: ``target`` is a folder.
+        NotADirectoryError: a parent of ``target`` is a file.
+        FileExistsError: ``target`` is (or lies in) something in ``reads``, or
+            is an existing file of another kind than ``kind``.
     """
     if target.is_dir():
         raise IsADirectoryError(
@@ -35,6 +70,56 @@ def check_writable(target: Path, example: str = "model.fsp") -> None:
                     errno.ENOTDIR, f"cannot write {target}: {parent} is a file, not a folder"
                 )
             break
+    _check_not_read(target, reads, example)
+    existing = _existing_kind(target)
+    if existing is not None and existing != kind:
+        raise FileExistsError(
+            errno.EEXIST,
+            f"{target} already holds {_KINDS.get(existing, existing)}; writing "
+            f"{_KINDS.get(kind, kind)} over it would destroy it: give another file name"
+            f"{_example(target, example)} (or delete {target} first if it is not needed)",
+        )
+
+
+def _check_not_read(target: Path, reads: Iterable[Path], example: str) -> None:
+    """Raise if ``target`` is one of ``reads`` or lies in a folder of ``reads``."""
+    where = target.resolve()
+    for path in reads:
+        source = path.resolve()
+        if source.is_dir():
+            if source in where.parents:
+                what = (
+                    "a training run's checkpoints, which --resume needs"
+                    if source.name == CHECKPOINTS_DIR
+                    else "a folder this command reads"
+                )
+                raise FileExistsError(
+                    errno.EEXIST,
+                    f"cannot write {target}: it is inside {path} ({what}); write it "
+                    f"elsewhere, e.g. {path.parent / example}",
+                )
+        elif where == source or (where.exists() and source.exists() and where.samefile(source)):
+            raise FileExistsError(
+                errno.EEXIST,
+                f"cannot write {target}: it is the file being read (writing over it would lose "
+                f"the original); give another file name{_example(target, example)}",
+            )
+
+
+def _example(target: Path, example: str) -> str:
+    """``", e.g. <folder>/<example>"``, or nothing when that is ``target`` itself."""
+    suggestion = target.with_name(example)
+    return "" if suggestion == target else f", e.g. {suggestion}"
+
+
+def _existing_kind(target: Path) -> str | None:
+    """The kind of the file at ``target`` (see :func:`sniff`); None if none or unknown."""
+    if not target.is_file():
+        return None
+    try:
+        return sniff(target)
+    except OSError:  # unreadable: the write will say what is wrong
+        return None
 
 
 # The first bytes of the files feather-sparse reads: a safetensors file starts

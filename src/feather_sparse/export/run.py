@@ -28,13 +28,14 @@ from feather_sparse.run_files import (
     CHECKPOINTS_DIR,
     LAST_NAME,
     MODEL_NAME,
+    PREVIOUS_NAME,
     checkpoint_path,
     load_checkpoint,
     previous_checkpoint_path,
     read_latest_checkpoint,
 )
 
-__all__ = ["ExportSource", "load_export_source", "resolve_source"]
+__all__ = ["ExportSource", "load_export_source", "resolve_source", "source_paths"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,26 @@ def resolve_source(source: Path) -> Path:
     if not source.is_file():
         raise FileNotFoundError(f"{source} does not exist")
     return source
+
+
+def source_paths(source: Path) -> list[Path]:
+    """What an export of ``source`` reads, and so must never write over.
+
+    The file :func:`resolve_source` picks and, for a training run (a run
+    folder, or its ``checkpoints/last.pt`` or ``prev.pt``), the run's
+    ``checkpoints`` folder: a resume, and an export that falls back from a
+    damaged ``last.pt``, read what is there.
+
+    Raises:
+        FileNotFoundError: as :func:`resolve_source`.
+    """
+    source = Path(source)
+    path = resolve_source(source)
+    folder = checkpoint_path(source).parent if source.is_dir() else path.parent
+    in_run = source.is_dir() or path.name in (LAST_NAME, PREVIOUS_NAME)
+    if in_run and folder.name == CHECKPOINTS_DIR and folder.is_dir():
+        return [folder, path]
+    return [path]
 
 
 @dataclass(frozen=True)
