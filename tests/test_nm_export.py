@@ -84,6 +84,23 @@ def test_encoding_errors() -> None:
         decode_nm(values, indices, (2, 4), "2:4")
 
 
+@guard(
+    "`decode_nm` with in-group positions out of range or repeated (corrupted indices)",
+    "`ValueError` naming the group and what a valid encoding holds; no tensor returned",
+)
+def test_corrupted_indices_are_refused() -> None:
+    w = torch.tensor([[0.0, -4.0, 3.0, 0.0, 0.5, 0.0, 0.0, 8.0]])
+    values, _ = encode_nm(w, "2:4")
+    for positions, group in (([1, 1, 0, 3], 0), ([1, 2, 3, 0], 1)):  # repeated; decreasing
+        indices = _pack_bits(torch.tensor(positions), 2)
+        with pytest.raises(ValueError, match=rf"group {group} has in-group positions"):
+            decode_nm(values, indices, w.shape, "2:4")
+    # 2:3 stores 2-bit positions: 3 is out of its group (it used to raise an IndexError)
+    indices = torch.full((2,), 255, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"\[3, 3\].*2 different positions below 3"):
+        decode_nm(torch.ones(4, 2), indices, (4, 3), "2:3")
+
+
 def test_size_against_dense() -> None:
     numel = 1 << 20
     # 2:4: half the values plus 2 bits per kept value
@@ -173,3 +190,40 @@ def test_onnx_export_of_an_nm_model(tmp_path: Path) -> None:
     from feather_sparse.export import verify_onnx
 
     assert verify_onnx(model, path, torch.randn(5, 1, 40)) < 1e-4
+
+
+def test_a_float64_subnormal_is_stored_not_mistaken_for_a_zero(tmp_path: Path) -> None:
+    """float64 ranking keys drop the lowest bits; the encoding keeps every nonzero anyway."""
+    w = torch.tensor([[1.0, 0.0, 0.0, 5e-324], [0.0, 0.0, 2.0, 0.0]], dtype=torch.float64)
+    values, indices = encode_nm(w, "2:4")
+    decoded = decode_nm(values, indices, w.shape, "2:4")
+    assert torch.equal(decoded.view(torch.int64), w.view(torch.int64))
+    model = torch.nn.Linear(4, 2, bias=False).double()
+    with torch.no_grad():
+        model.weight.copy_(w)
+    fs.save_sparse(model, tmp_path / "m.fsp")
+    back = torch.nn.Linear(4, 2, bias=False).double()
+    fs.load_sparse(tmp_path / "m.fsp", back)
+    assert torch.equal(back.weight.view(torch.int64), w.view(torch.int64))
+
+
+@guard(
+    "ONNX export of a model whose Pruner is still attached fails in the exporter",
+    "`ValueError` naming the parametrized layers: call `pruner.finalize()` first",
+)
+def test_onnx_export_failure_with_a_pruner_attached_says_finalize(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("onnx")
+    from feather_sparse.export import onnx as onnx_export
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    fs.Pruner(model, pattern="2:4")
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("\x1b[96mNo ONNX function found\x1b[0m for aten.view.dtype")
+
+    monkeypatch.setattr(onnx_export.torch.onnx, "export", broken)
+    with pytest.raises(ValueError, match=r"aten\.view\.dtype\) on a model whose layers 0, 2"):
+        fs.export_onnx(model, tmp_path / "m.onnx", torch.randn(4, 16))
+    assert not (tmp_path / "m.onnx").exists()

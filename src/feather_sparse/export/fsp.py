@@ -206,6 +206,43 @@ def _model_spec(model: nn.Module) -> dict[str, Any] | None:
     return out
 
 
+# Non-floating dtypes a .fsp stores (raw bytes); every floating and complex dtype is stored too.
+_STORED_INTEGER_DTYPES = frozenset(
+    {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+)
+
+
+def _check_storable(name: str, tensor: Tensor) -> None:
+    """Raise a ``TypeError`` naming the entry if the format cannot store ``tensor``."""
+    if tensor.layout != torch.strided:
+        raise TypeError(
+            f"state_dict entry {name!r} is a {str(tensor.layout).removeprefix('torch.')} tensor; "
+            "a .fsp stores dense (strided) tensors and finds their zeros itself: pass "
+            "tensor.to_dense()"
+        )
+    dtype = tensor.dtype
+    if not (tensor.is_floating_point() or tensor.is_complex() or dtype in _STORED_INTEGER_DTYPES):
+        raise TypeError(
+            f"state_dict entry {name!r} has dtype {_dtype_name(dtype)}, which a .fsp does not "
+            "store; it stores floating-point, complex, bool, uint8 and int8 to int64 tensors: "
+            "convert it first, e.g. tensor.to(torch.int64)"
+        )
+    if tensor.device.type == "meta":
+        raise TypeError(
+            f"state_dict entry {name!r} is on the meta device (shapes, no values): "
+            "load or initialise the weights before saving them"
+        )
+
+
+def _pruner_hint(model: object) -> str:
+    """What to save instead, when ``model`` is a Pruner (imported lazily: errors only)."""
+    from feather_sparse.pruner import Pruner
+
+    if isinstance(model, Pruner):
+        return "; to save a Pruner's model, call pruner.finalize() and save pruner.model"
+    return ""
+
+
 def _encode_tensor(name: str, tensor: Tensor, values: str) -> tuple[TensorRecord, bytes]:
     """The record and the stored bytes of one state_dict tensor."""
     t = tensor.detach().cpu().contiguous()
@@ -290,11 +327,16 @@ def save_sparse(
         The description of the written file.
 
     Raises:
+        TypeError: if ``model`` is neither an ``nn.Module`` nor a mapping,
+            ``metadata`` is not a mapping, or a tensor is of a kind the format
+            does not store (a sparse layout, or an unsigned dtype wider than 8
+            bits); the message names it.
         ValueError: for an unknown ``values``, metadata that is not
             JSON-serializable, or values that overflow float16.
-        OSError: if ``path`` is a directory or cannot be written (for a full
-            disk, ``errno.ENOSPC``); an existing file at ``path`` is then
-            left as it was.
+        OSError: if ``path`` is a directory, cannot be written (for a full
+            disk, ``errno.ENOSPC``) or holds a file of another kind, such as a
+            training checkpoint (``FileExistsError``); an existing file at
+            ``path`` is then left as it was.
 
     Example:
         >>> model = nn.Linear(64, 64)
@@ -304,8 +346,18 @@ def save_sparse(
         >>> load_sparse(tmp_path / "model.fsp", nn.Linear(64, 64))  # doctest: +SKIP
     """
     _check_byte_order()
+    if not isinstance(model, nn.Module | Mapping):
+        raise TypeError(
+            "model must be an nn.Module or a state_dict (a mapping of names to tensors), got "
+            f"{type(model).__name__}" + _pruner_hint(model)
+        )
     if values not in _VALUE_DTYPES:
         raise ValueError(f"values must be one of {sorted(_VALUE_DTYPES)}, got {values!r}")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError(
+            "metadata must be a mapping of names to JSON values, e.g. {'epoch': 3}, got "
+            f"{type(metadata).__name__} {metadata!r}"
+        )
     metadata = dict(metadata or {})
     try:
         json.dumps(metadata)
@@ -330,6 +382,7 @@ def save_sparse(
     for name, tensor in state.items():
         if not isinstance(tensor, Tensor):
             raise ValueError(f"state_dict entry {name!r} is not a tensor ({type(tensor).__name__})")
+        _check_storable(name, tensor)
         record, payload = _encode_tensor(name, tensor, values)
         records.append(record)
         chunks.append(payload)
@@ -564,6 +617,7 @@ def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) ->
         The model with the checkpoint's weights.
 
     Raises:
+        TypeError: if ``model`` is neither an ``nn.Module`` nor ``None``.
         FileNotFoundError: if the file does not exist.
         IsADirectoryError: if ``path`` is a folder.
         ValueError: for a truncated or corrupted file, another format version,
@@ -572,6 +626,16 @@ def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) ->
             that has no model spec.
     """
     _check_byte_order()
+    if model is not None and not isinstance(model, nn.Module):
+        hint = (
+            f"; to build a registered model by name, pass create_model({model!r})"
+            if isinstance(model, str)
+            else ""
+        )
+        raise TypeError(
+            "model must be the nn.Module to load into, or None to rebuild the model from the "
+            f"file's model spec; got {type(model).__name__}{hint}"
+        )
     info, data = _read(path, with_data=True)
     if model is None:
         model = _model_from_spec(info)

@@ -228,11 +228,18 @@ def to_sparse_inference(
         The converted model (``model`` itself when ``inplace``).
 
     Raises:
+        TypeError: if ``min_sparsity`` is not a number or ``min_weights`` or
+            ``repeats`` not an int.
         ValueError: if ``min_sparsity`` is outside ``[0, 1]`` or ``repeats < 1``.
 
     Example:
         >>> sparse_model = to_sparse_inference(model.eval(), min_sparsity=0.9)  # doctest: +SKIP
     """
+    if isinstance(min_sparsity, bool) or not isinstance(min_sparsity, int | float):
+        raise TypeError(f"min_sparsity must be a number in [0, 1] (e.g. 0.9), got {min_sparsity!r}")
+    for name, value in (("min_weights", min_weights), ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
     if not 0.0 <= min_sparsity <= 1.0:
         raise ValueError(f"min_sparsity must be in [0, 1], got {min_sparsity}")
     if repeats < 1:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from feather_sparse.export.files import check_writable
 
 __all__ = ["export_onnx", "verify_onnx"]
 
@@ -84,9 +88,21 @@ def export_onnx(
         The opset written (read back from the file).
 
     Raises:
+        TypeError: if ``example_input`` is not one tensor.
         ValueError: if ``onnx`` is not installed, ``opset`` is outside what
             the exporter writes, or the model does not run on ``example_input``.
+        OSError: if ``path`` is a folder, or holds a file of another kind (a
+            ``.fsp`` or a training checkpoint: ``FileExistsError``), which is
+            then left as it was.
     """
+    if not isinstance(example_input, Tensor):
+        raise TypeError(
+            "example_input must be one tensor, an input batch of at least 2 samples "
+            f"(e.g. torch.randn(2, 1, 40)), got {type(example_input).__name__}; "
+            "export_onnx exports models that take a single input"
+        )
+    target = Path(path)
+    check_writable(target, "model.onnx", kind="onnx")
     try:
         onnx = importlib.import_module("onnx")
     except ImportError:
@@ -103,7 +119,6 @@ def export_onnx(
         raise ValueError(
             f"opset {opset} is older than this setup exports ({exporter}: {oldest} to {newest})"
         )
-    target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     was_training = model.training
     model.eval()
@@ -146,6 +161,18 @@ def export_onnx(
                     output_names=["output"],
                     dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
                 )
+    except Exception as err:
+        attached = [n for n, m in model.named_modules() if parametrize.is_parametrized(m)]
+        if not attached:
+            raise
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()  # the exporter's colours
+        first = text.splitlines()[0] if text else type(err).__name__
+        raise ValueError(
+            f"ONNX export failed ({first[:200]}) on a model whose layers "
+            f"{', '.join(attached[:3])}{', …' if len(attached) > 3 else ''} still carry a "
+            "parametrization (a Pruner is attached): call pruner.finalize() first, which "
+            "leaves a plain model with exact zeros that exports as a dense graph"
+        ) from err
     finally:
         model.train(was_training)
     written = _opset_of(onnx, target)

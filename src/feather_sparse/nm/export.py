@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from feather_sparse.nm.operator import NMPattern, group_view, nm_keep_mask
+from feather_sparse.nm.operator import NMPattern, group_view
 
 __all__ = ["decode_nm", "encode_nm", "nm_encoded_bytes", "to_semi_structured"]
 
@@ -70,14 +70,20 @@ def encode_nm(weight: Tensor, pattern: NMPattern | str) -> tuple[Tensor, Tensor]
     """
     pattern = NMPattern.parse(pattern)
     groups = group_view(weight.detach(), pattern)  # (G, m)
-    keep, _ = nm_keep_mask(groups, pattern)
-    dropped = groups[~keep]
-    if (dropped != 0).any():
-        bad = int(((groups != 0).sum(1) > pattern.n).nonzero()[0, 0])
+    # The stored positions: every nonzero, then the first zeros by position, n per
+    # group. (Not the training ranking, nm_keep_mask: float64 keys drop the lowest
+    # mantissa bits, so a subnormal there may rank with the zeros.)
+    nonzero = groups != 0  # NaN counts as a value
+    counts = nonzero.sum(1, keepdim=True)
+    if bool((counts > pattern.n).any()):
+        bad = int((counts.squeeze(1) > pattern.n).nonzero()[0, 0])
         raise ValueError(
             f"group {bad} of a weight of shape {tuple(weight.shape)} holds more than "
             f"{pattern.n} nonzeros, so it is not {pattern}-sparse: finalize the N:M Pruner first"
         )
+    zero_rank = (~nonzero).cumsum(1, dtype=torch.int32)  # 1, 2, … along each group's zeros
+    keep = nonzero | (zero_rank <= pattern.n - counts)
+    dropped = groups[~keep]
     if torch.signbit(dropped).any():
         raise ValueError(
             "a pruned position holds -0.0, which this encoding would restore as +0.0: "
@@ -100,7 +106,9 @@ def decode_nm(
         pattern: the N:M pattern it was encoded with.
 
     Raises:
-        ValueError: if the sizes do not fit ``shape`` and ``pattern``.
+        ValueError: if the sizes do not fit ``shape`` and ``pattern``, or the
+            indices are not what :func:`encode_nm` writes: ``n`` positions per
+            group, each below ``m``, in increasing order (so none twice).
     """
     pattern = NMPattern.parse(pattern)
     numel = math.prod(shape)
@@ -113,9 +121,30 @@ def decode_nm(
     if indices.numel() * 8 < groups * pattern.n * pattern.index_bits:
         raise ValueError(f"{indices.numel()} index bytes are too few for shape {tuple(shape)}")
     positions = _unpack_bits(indices, pattern.index_bits, groups * pattern.n)
+    positions = positions.reshape(groups, pattern.n)
+    _check_positions(positions, pattern)
     out = torch.zeros(groups, pattern.m, dtype=values.dtype, device=values.device)
-    out.scatter_(1, positions.reshape(groups, pattern.n).to(values.device), values)
+    out.scatter_(1, positions.to(values.device), values)
     return out.reshape(shape)
+
+
+def _check_positions(positions: Tensor, pattern: NMPattern) -> None:
+    """Raise unless every group's positions are below ``m`` and increasing (as encode_nm writes).
+
+    A position of ``m`` or more would index past its group; a repeated one
+    would write two values to one entry and silently lose one of them.
+    """
+    bad = (positions >= pattern.m).any(1)
+    if pattern.n > 1:
+        bad |= (positions[:, 1:] <= positions[:, :-1]).any(1)
+    if bool(bad.any()):
+        group = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"indices are corrupted: group {group} has in-group positions "
+            f"{positions[group].tolist()}, but a {pattern} encoding holds {pattern.n} different "
+            f"positions below {pattern.m}, in increasing order; pass the indices encode_nm "
+            "returned for these values"
+        )
 
 
 def nm_encoded_bytes(numel: int, pattern: NMPattern | str, dtype: torch.dtype) -> int:
