@@ -13,7 +13,7 @@ from torch import nn
 
 from feather_sparse import cli
 from feather_sparse.recipes import TrainConfig, load_config
-from feather_sparse.train import TrainResult, load_checkpoint, train
+from feather_sparse.train import CHECKPOINT_FORMAT, TrainResult, load_checkpoint, train
 
 
 @contextmanager
@@ -42,6 +42,23 @@ def conv1d_net(seed: int = 0, hidden: int = 32) -> nn.Module:
         nn.ReLU(),
         nn.Linear(hidden, 4),
     )
+
+
+def checkpoint_state(**entries: Any) -> dict[str, Any]:
+    """A training checkpoint holding every entry ``load_checkpoint`` requires (placeholder
+    values, a dense run), with ``entries`` added or replacing them."""
+    state: dict[str, Any] = {
+        "format": CHECKPOINT_FORMAT,
+        "epoch": 1,
+        "step": 4,
+        "config": {},
+        "model": {},
+        "pruner": None,
+        "optimizer": {},
+        "lr_scheduler": {},
+        "rng": {"torch": torch.get_rng_state(), "numpy": [], "python": [], "cuda": []},
+    }
+    return {**state, **entries}
 
 
 def tiny_run(train_size: int, test_size: int, eval_batch_size: int) -> dict[str, Any]:

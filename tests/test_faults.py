@@ -10,6 +10,7 @@ fix. The ``slow`` variants repeat the random cases many times.
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import logging
@@ -28,7 +29,7 @@ import pytest
 import torch
 
 from _guards import BEGIN, END, ROOT, guard
-from _helpers import tiny_config, tiny_run, tiny_run_args
+from _helpers import checkpoint_state, tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli, integrity
 from feather_sparse.data import cache, mnist1d
 from feather_sparse.export import load_sparse
@@ -174,14 +175,59 @@ def test_a_legacy_checkpoint_without_a_checksum_loads_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     legacy = tmp_path / "legacy.pt"
-    torch.save({"format": CHECKPOINT_FORMAT, "checkpoint_version": 1, "epoch": 4}, legacy)
+    torch.save(checkpoint_state(checkpoint_version=1, epoch=4), legacy)
     with caplog.at_level(logging.WARNING, logger="feather_sparse"):
         assert load_checkpoint(legacy)["epoch"] == 4
     assert "no checksum" in caplog.text
     # The same without its seal but claiming the sealed format: the seal was cut off.
-    torch.save({"format": CHECKPOINT_FORMAT, "checkpoint_version": 2, "epoch": 4}, legacy)
+    torch.save(checkpoint_state(checkpoint_version=2, epoch=4), legacy)
     with pytest.raises(IntegrityError, match="checksum is missing"):
         load_checkpoint(legacy)
+
+
+@guard(
+    "`--resume` from a checkpoint without a checksum (format 1) with an entry missing or retyped",
+    "`IntegrityError` naming the file and the entry; resumes from `prev.pt`, bit-exact; "
+    "CLI exit 1, one line, when there is none",
+)
+def test_a_damaged_unverified_checkpoint_falls_back_to_the_previous_one(
+    half_run: Path,
+    straight: TrainResult,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run = copy_run(half_run, tmp_path)
+    last = checkpoint_path(run)
+    good = load_checkpoint(last)
+    damages = {  # what the message names: each read raw (KeyError, TypeError) by a resume
+        "no 'optimizer' entry": lambda state: state.pop("optimizer"),
+        "no 'rng' entry": lambda state: state.pop("rng"),
+        "'config' of type NoneType": lambda state: state.update(config=None),
+        "'pruner' entry has no 'step'": lambda state: state["pruner"].pop("step"),
+    }
+    for named, damage in damages.items():
+        state = copy.deepcopy(good)
+        state["checkpoint_version"] = 1  # written before checksums: nothing verifies it
+        damage(state)
+        torch.save(state, last)
+        with pytest.raises(IntegrityError, match="is damaged") as info:
+            load_checkpoint(last)
+        assert str(last) in str(info.value) and named in str(info.value)
+
+    # The command line, with no prev.pt to fall back to: one line naming file and entry.
+    alone = copy_run(run, tmp_path / "alone")
+    (alone / "checkpoints" / "prev.pt").unlink()
+    assert cli.main(["train", "--resume", str(alone), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0]
+    assert str(checkpoint_path(alone)) in err[0] and "'pruner' entry has no 'step'" in err[0]
+
+    # With prev.pt (epoch 1) beside it, the resume uses it and ends as an uninterrupted run.
+    with caplog.at_level(logging.WARNING, logger="feather_sparse"):
+        result = train(small_config(), run, resume=True, progress=False)
+    assert "resuming from the previous checkpoint" in caplog.text
+    assert result.completed and same_weights(result.model, straight.model)
 
 
 @guard("`--resume` with a damaged `last.pt`", "warns, resumes from `prev.pt`, bit-exact result")

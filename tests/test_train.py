@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
-from _helpers import straight_and_resumed, tiny_config, tiny_run, tiny_run_args
+from _helpers import checkpoint_state, straight_and_resumed, tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli
 from feather_sparse.methods import pruner_config
 from feather_sparse.recipes import TrainConfig, list_recipes, load_config, load_recipe
@@ -297,9 +297,9 @@ def test_interrupted_checkpoint_write_keeps_the_previous_one(
 
 def test_save_checkpoint_is_atomic_and_load_rejects_garbage(tmp_path: Path) -> None:
     path = tmp_path / "ckpt" / "last.pt"
-    save_checkpoint({"format": CHECKPOINT_FORMAT, "epoch": 1}, path)
+    save_checkpoint(checkpoint_state(epoch=1), path)
     (path.parent / ".last.pt.killed.tmp").write_bytes(b"half a checkpoint")  # a killed writer
-    save_checkpoint({"format": CHECKPOINT_FORMAT, "epoch": 2}, path)
+    save_checkpoint(checkpoint_state(epoch=2), path)
     assert load_checkpoint(path)["epoch"] == 2
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]
     path.write_bytes(b"not a checkpoint")

@@ -5,7 +5,8 @@ written atomically; the training loop keeps the one before as ``prev.pt``, and
 :func:`load_latest_checkpoint` falls back to it when ``last.pt`` is damaged or
 missing. What a checkpoint holds is the training loop's business
 (:mod:`feather_sparse.train.session`); this module only writes and verifies the
-file, so that ``export`` reads checkpoints the way ``--resume`` does without
+file, and the entries a resume reads (their presence and types, not their
+values), so that ``export`` reads checkpoints the way ``--resume`` does without
 importing the training loop. The layout of the rest of the run folder is
 described in :mod:`feather_sparse.train.run_dir`.
 """
@@ -35,6 +36,7 @@ __all__ = [
     "checkpoint_path",
     "load_checkpoint",
     "load_latest_checkpoint",
+    "load_torch_bytes",
     "previous_checkpoint_path",
     "read_latest_checkpoint",
     "save_checkpoint",
@@ -106,12 +108,17 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     ``path`` may be the file or the run folder holding ``checkpoints/last.pt``.
     A checkpoint written before checksums existed (format version 1) is read
-    with a warning that it cannot be verified.
+    with a warning that it cannot be verified. Every checkpoint's structure
+    is checked as well (the entries a resume reads, and their types), so
+    that a damaged one without a checksum is refused here, where
+    :func:`read_latest_checkpoint` falls back to ``prev.pt``, rather than
+    failing halfway through a resume.
 
     Raises:
         FileNotFoundError: when there is no checkpoint.
         IntegrityError: (a ``ValueError``) when the file is damaged: a changed
-            byte, a truncation, or not a training checkpoint at all.
+            byte, a truncation, a missing or mistyped entry (named), or not a
+            training checkpoint at all.
         ValueError: when the file is unreadable or not a training checkpoint.
     """
     path = Path(path)
@@ -128,14 +135,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         sealed = check_zip_seal(data, f"checkpoint {path}")
     except IntegrityError as err:
         raise IntegrityError(f"{err}: it is damaged or unreadable; {fix}") from None
-    try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many kinds; its advice here would mislead
-        logger.debug("torch.load(%s) failed", path, exc_info=True)
-        raise ValueError(
-            f"checkpoint {path} is unreadable ({type(err).__name__}): it is damaged or was "
-            "not written by feather-sparse"
-        ) from err
+    state = load_torch_bytes(data, f"checkpoint {path}", fix)
     if not isinstance(state, dict):
         raise ValueError(f"{path} is not a feather-sparse training checkpoint")
     if state.get("format") != CHECKPOINT_FORMAT:
@@ -154,7 +154,99 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             "it is read unverified",
             path,
         )
+    problem = _structure_problem(state)
+    if problem is not None:
+        raise IntegrityError(f"checkpoint {path} is damaged: {problem}; {fix}")
     return state
+
+
+def load_torch_bytes(data: bytes, what: str, fix: str | None = None) -> Any:
+    """``torch.load(weights_only=True)`` of ``data`` onto the CPU, any failure one ``ValueError``.
+
+    torch raises many kinds of errors for a damaged file (``RuntimeError``,
+    ``EOFError`` without a message, an ``UnpicklingError`` that advises
+    ``weights_only=False``, which would run whatever code the file holds);
+    the error raised here names the file instead, and what to do.
+
+    Args:
+        data: the file's bytes.
+        what: the file, for people: ``"checkpoint run/checkpoints/last.pt"``.
+        fix: what to do instead, appended to the message.
+
+    Raises:
+        ValueError: when torch cannot read ``data``.
+    """
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many kinds; its advice here would mislead
+        logger.debug("torch.load(%s) failed", what, exc_info=True)
+        raise ValueError(
+            f"{what} is unreadable ({type(err).__name__}): it is damaged or was not written "
+            "by feather-sparse" + (f"; {fix}" if fix else "")
+        ) from None
+
+
+# What a training checkpoint holds (train/session.py writes it; every version
+# since the first has these), by type: a missing or retyped entry means a
+# damaged file, which resuming would otherwise meet as a KeyError deep inside.
+_CHECKPOINT_FIELDS: dict[str, tuple[type, ...]] = {
+    "epoch": (int,),
+    "step": (int,),
+    "config": (dict,),
+    "model": (dict,),
+    "pruner": (dict, type(None)),
+    "optimizer": (dict,),
+    "lr_scheduler": (dict,),
+    "rng": (dict,),
+}
+_OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
+    "scaler": (dict, type(None)),
+    "metrics": (dict, type(None)),
+}
+_RNG_FIELDS = ("torch", "numpy", "python", "cuda")
+# The Pruner state's own layout (Pruner.state_dict; the Pruner checks its values).
+_PRUNER_FIELDS: dict[str, tuple[type, ...]] = {
+    "step": (int,),
+    "current_sparsity": (int, float),
+    "thresholds": (list, tuple),
+    "backbone": (dict,),
+    "config": (dict,),
+}
+
+
+def _field_problem(
+    entries: dict[str, Any], fields: dict[str, tuple[type, ...]], owner: str, required: bool
+) -> str | None:
+    """What in ``entries`` is missing or mistyped (``owner``: "it", "its 'pruner' entry")."""
+    for key, types in fields.items():
+        if key not in entries:
+            if required:
+                return f"{owner} has no {key!r} entry"
+            continue
+        value = entries[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            expected = " or ".join("None" if t is type(None) else t.__name__ for t in types)
+            return f"{owner} has {key!r} of type {type(value).__name__}, not {expected}"
+    return None
+
+
+def _structure_problem(state: dict[str, Any]) -> str | None:
+    """What is missing or of the wrong type in a training checkpoint (None if nothing).
+
+    Only the structure: the values are checked by what reads them (the
+    Pruner its state, the optimizer its own).
+    """
+    problem = _field_problem(state, _CHECKPOINT_FIELDS, "it", required=True) or _field_problem(
+        state, _OPTIONAL_FIELDS, "it", required=False
+    )
+    if problem is not None:
+        return problem
+    missing = [key for key in _RNG_FIELDS if key not in state["rng"]]
+    if missing:
+        return f"its 'rng' entry has no {missing[0]!r} state"
+    if state["pruner"] is not None:
+        return _field_problem(state["pruner"], _PRUNER_FIELDS, "its 'pruner' entry", required=True)
+    return None
 
 
 @dataclass(frozen=True)
