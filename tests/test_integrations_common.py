@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from _guards import guard
 from feather_sparse.integrations._common import PrunerDriver, pruner_keyword_arguments
 
 
@@ -100,3 +101,28 @@ def test_finish_bakes_or_detaches() -> None:
     assert driver.finish() is None
     assert torch.equal(kept[0].weight, dense_weight)
     assert not hasattr(kept[0], "parametrizations")
+
+
+@guard(
+    "a callback's Pruner setting out of range or misspelt, or `finalize='no'`",
+    "`ValueError` when the callback is made (the Pruner's checks and messages); nothing baked",
+)
+@pytest.mark.parametrize(
+    ("sparsity", "kwargs", "message"),
+    [
+        (1.5, {}, r"sparsity must be in \[0, 1\)"),
+        (0.5, {"theta": 7}, r"theta must be in \[0, 1\]"),
+        (0.5, {"backbone": "globl"}, "unknown backbone 'globl'"),
+        (0.5, {"schedule": {"name": "cubic", "end": 2.0}}, "CubicSchedule needs"),
+        (0.5, {"check_finite": "no"}, "check_finite must be True or False"),
+        (0.5, {"finalize": "no"}, "finalize must be True or False"),
+        (0.5, {"log_layers": 1}, "log_layers must be True or False"),
+    ],
+)
+def test_settings_are_checked_when_the_driver_is_made(
+    sparsity: float, kwargs: dict[str, object], message: str
+) -> None:
+    flags = {k: v for k, v in kwargs.items() if k in ("finalize", "log_layers")}
+    settings = {k: v for k, v in kwargs.items() if k not in flags}
+    with pytest.raises(ValueError, match=message):
+        PrunerDriver("cb", sparsity, settings, **flags)  # type: ignore[arg-type]

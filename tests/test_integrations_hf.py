@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
+from _guards import guard
 from _helpers import one_thread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -52,6 +53,8 @@ from transformers import (  # noqa: E402
     BertForSequenceClassification,
     Trainer,
     TrainerCallback,
+    TrainerControl,
+    TrainerState,
     TrainingArguments,
 )
 
@@ -236,3 +239,67 @@ def test_unknown_arguments_name_the_valid_ones() -> None:
         FeatherCallback(0.5, model=nn.Linear(2, 2))
     with pytest.raises(ValueError, match="takes total_steps from the trainer"):
         FeatherCallback(0.5, total_steps=10)
+
+
+def begin(feather: FeatherCallback, model: nn.Module, folder: Path, step: int) -> None:
+    """What the Trainer does first when it resumes at ``step`` (without training after it)."""
+    args = TrainingArguments(output_dir=str(folder), use_cpu=True, report_to=[])
+    state = TrainerState(global_step=step, max_steps=OPTIMIZER_STEPS)
+    feather.on_train_begin(args, state, TrainerControl(), model=model)
+
+
+def is_plain(model: nn.Module) -> bool:
+    """No parametrization left, and the dense model's own checkpoint keys."""
+    plain = not any(hasattr(m, "parametrizations") for m in model.modules())
+    return plain and set(model.state_dict()) == set(tiny_bert().state_dict())
+
+
+@guard(
+    "HF: resuming the Trainer at one step with `resume_from` at another step's checkpoint",
+    "`ValueError` naming both steps; the model left plain, so a corrected retry trains it",
+)
+def test_a_pruner_state_of_another_step_leaves_the_model_plain(runs: Runs, tmp_path: Path) -> None:
+    model = tiny_bert()
+    wrong = FeatherCallback(SPARSITY, exclude=["classifier"], resume_from=runs.checkpoint)
+    with pytest.raises(
+        ValueError, match=f"Pruner is at step {SAVE_STEPS} but the Trainer at {OPTIMIZER_STEPS}"
+    ):
+        begin(wrong, model, tmp_path, step=OPTIMIZER_STEPS)
+    assert wrong.pruner is None and is_plain(model)
+    # The user points resume_from at the right folder and starts again, same model.
+    right = FeatherCallback(SPARSITY, exclude=["classifier"], resume_from=runs.checkpoint)
+    begin(right, model, tmp_path, step=SAVE_STEPS)
+    assert right.pruner is not None and right.pruner.current_step == SAVE_STEPS
+
+
+@guard(
+    "HF: a damaged `checkpoint-N/feather_pruner.pt` (cut short, garbage, empty)",
+    "one `ValueError` naming the file and another checkpoint to resume from, "
+    "no torch advice; the model left plain",
+)
+def test_a_damaged_pruner_state_is_one_clear_error(runs: Runs, tmp_path: Path) -> None:
+    data = (runs.checkpoint / PRUNER_STATE_NAME).read_bytes()
+    path = tmp_path / PRUNER_STATE_NAME
+    for payload in (data[: len(data) // 2], b"not a torch file", b""):
+        path.write_bytes(payload)
+        model = tiny_bert()
+        feather = FeatherCallback(SPARSITY, exclude=["classifier"], resume_from=tmp_path)
+        with pytest.raises(ValueError) as info:
+            begin(feather, model, tmp_path, step=SAVE_STEPS)
+        message = str(info.value)
+        assert str(path) in message and "damaged" in message and "resume_from" in message
+        assert "weights_only" not in message and info.value.__suppress_context__
+        assert is_plain(model)
+
+
+@guard(
+    "HF: a bad Pruner setting (`sparsity=1.5`, `backbone='globl'`) or `finalize='no'`",
+    "`ValueError` when the callback is made, with the Pruner's own message",
+)
+def test_bad_settings_are_refused_when_the_callback_is_made() -> None:
+    with pytest.raises(ValueError, match=r"sparsity must be in \[0, 1\)"):
+        FeatherCallback(1.5)
+    with pytest.raises(ValueError, match="unknown backbone 'globl'"):
+        FeatherCallback(0.5, backbone="globl")
+    with pytest.raises(ValueError, match="finalize must be True or False"):
+        FeatherCallback(0.5, finalize="no")  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ pl = pytest.importorskip(
     reason="lightning is not installed (pip install 'feather-sparse[lightning]')",
 )
 
+from _guards import guard  # noqa: E402
 from _helpers import one_thread  # noqa: E402
 from feather_sparse.integrations.lightning import FeatherCallback  # noqa: E402
 
@@ -186,3 +187,16 @@ def test_bad_arguments_are_refused_early() -> None:
         FeatherCallback(0.5, backbone="global", backbon="global")
     with pytest.raises(ValueError, match="total_steps"):
         FeatherCallback(0.5, total_steps=0)
+
+
+@guard(
+    "Lightning: a bad Pruner setting (`theta=7`, `p=0.5`) or `log_layers='yes'`",
+    "`ValueError` when the callback is made, with the Pruner's own message",
+)
+def test_bad_values_are_refused_when_the_callback_is_made() -> None:
+    with pytest.raises(ValueError, match=r"theta must be in \[0, 1\]"):
+        FeatherCallback(0.5, theta=7)
+    with pytest.raises(ValueError, match="p must be >= 1"):
+        FeatherCallback(0.5, p=0.5)
+    with pytest.raises(ValueError, match="log_layers must be True or False"):
+        FeatherCallback(0.5, log_layers="yes")  # type: ignore[arg-type]

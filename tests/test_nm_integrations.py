@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -27,3 +28,17 @@ def test_driver_trains_and_bakes_an_nm_pattern() -> None:
     assert driver.finish() == 0.5
     for m in (model[0], model[2]):
         assert ((group_view(m.weight, NMPattern(2, 4)) != 0).sum(1) == 2).all()
+
+
+@pytest.mark.parametrize("framework", ["lightning", "hf"])
+def test_a_callback_takes_a_pattern_without_a_sparsity(framework: str) -> None:
+    """``FeatherCallback(pattern="2:4")``: the pattern implies the sparsity, as for the Pruner."""
+    module = pytest.importorskip("lightning" if framework == "lightning" else "transformers")
+    assert module is not None
+    if framework == "lightning":
+        from feather_sparse.integrations.lightning import FeatherCallback
+    else:
+        from feather_sparse.integrations.hf import FeatherCallback  # type: ignore[assignment]
+    FeatherCallback(pattern="2:4")
+    with pytest.raises(ValueError, match="sparsity is required"):
+        FeatherCallback()

@@ -20,6 +20,7 @@ thresholds, step and schedule position travel in the Pruner's own state.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from feather_sparse.pruner import Pruner
+from feather_sparse.pruner_config import PrunerConfig
 
 __all__ = ["DrivenCallback", "PrunerDriver", "pruner_keyword_arguments"]
 
@@ -39,6 +41,9 @@ logger = logging.getLogger(__name__)
 _FROM_TRAINER = ("model", "total_steps")
 
 _ORIGINAL = "parametrizations.weight.original"
+
+# The Pruner's arguments that are settings (all but the process group).
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(PrunerConfig) if f.init)
 
 
 def pruner_keyword_arguments() -> list[str]:
@@ -61,7 +66,7 @@ def _check_kwargs(kwargs: Mapping[str, Any], owner: str) -> None:
 def _plain_key_hooks(pruner: Pruner) -> list[RemovableHandle]:
     """Hooks making every pruned layer's ``state_dict`` use the plain key ``weight``."""
     handles = []
-    for target in pruner.targets:
+    for target in pruner.parametrized_layers():
         module = target.module
 
         def save_hook(
@@ -101,19 +106,35 @@ class PrunerDriver:
             leave the dense weights).
         log_layers: add each layer's sparsity and threshold to :meth:`metrics`.
 
+    The settings are checked here, when the callback is made, by the
+    :class:`~feather_sparse.pruner_config.PrunerConfig` the Pruner builds
+    (the same rules and messages), not when training starts.
+
     Raises:
-        ValueError: for an argument the Pruner does not take.
+        ValueError: for an argument the Pruner does not take, a value the
+            Pruner refuses, or ``finalize``/``log_layers`` that is not a bool.
     """
 
     def __init__(
         self,
         owner: str,
-        sparsity: float,
+        sparsity: float | None,
         pruner_kwargs: Mapping[str, Any],
         finalize: bool = True,
         log_layers: bool = False,
     ) -> None:
         _check_kwargs(pruner_kwargs, owner)
+        for name, value, meaning in (
+            ("finalize", finalize, "False detaches and keeps the dense weights"),
+            ("log_layers", log_layers, "True logs every layer"),
+        ):
+            if not isinstance(value, bool):
+                raise ValueError(
+                    f"{owner}: {name} must be True or False ({meaning}), got {value!r}"
+                )
+        # The Pruner's own checks, now: a bad value fails here, not after the
+        # trainer has set up the model and the data.
+        PrunerConfig(sparsity, **{k: v for k, v in pruner_kwargs.items() if k in _CONFIG_FIELDS})
         self.owner = owner
         self.sparsity = sparsity
         self.pruner_kwargs = dict(pruner_kwargs)
@@ -251,7 +272,7 @@ class DrivenCallback:
 
     def _drive(
         self,
-        sparsity: float,
+        sparsity: float | None,
         pruner_kwargs: Mapping[str, Any],
         *,
         finalize: bool,
@@ -260,7 +281,8 @@ class DrivenCallback:
         """Create the driver, named after the callback class for error messages.
 
         Raises:
-            ValueError: for an argument the Pruner does not take.
+            ValueError: for an argument the Pruner does not take or a value it
+                refuses (see :class:`PrunerDriver`).
         """
         self._driver = PrunerDriver(
             type(self).__name__, sparsity, pruner_kwargs, finalize=finalize, log_layers=log_layers

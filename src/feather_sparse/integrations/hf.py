@@ -48,6 +48,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from feather_sparse.integrations._common import DrivenCallback
+from feather_sparse.run_files import load_torch_bytes
 
 __all__ = ["PRUNER_STATE_NAME", "FeatherCallback"]
 
@@ -61,7 +62,8 @@ class FeatherCallback(DrivenCallback, TrainerCallback):
     """Prune the Trainer's model with Feather during training.
 
     Args:
-        sparsity: final target sparsity ``S`` in ``[0, 1)``.
+        sparsity: final target sparsity ``S`` in ``[0, 1)``; leave it out with
+            ``pattern="N:M"``, which implies it.
         finalize: at the end of training, bake ``P_T(w)`` into the weights and
             remove the parametrizations (default); False detaches and leaves
             the dense weights.
@@ -81,12 +83,14 @@ class FeatherCallback(DrivenCallback, TrainerCallback):
             achieved (None before the end).
 
     Raises:
-        ValueError: for an argument the Pruner does not take.
+        ValueError: for an argument the Pruner does not take, a value it refuses
+            (checked here, with the Pruner's messages), or a ``finalize`` or
+            ``log_layers`` that is not a bool.
     """
 
     def __init__(
         self,
-        sparsity: float,
+        sparsity: float | None = None,
         *,
         finalize: bool = True,
         log_layers: bool = False,
@@ -120,9 +124,11 @@ class FeatherCallback(DrivenCallback, TrainerCallback):
             self._driver.load_state_dict(self._load(args, state))
         pruner = self._driver.attach(model, int(state.max_steps))
         if pruner.current_step != state.global_step:
+            self._driver.reset()  # leave the model plain, as a failed attach does
             raise ValueError(
                 f"the Pruner is at step {pruner.current_step} but the Trainer at "
-                f"{state.global_step}: the checkpoint's Pruner state does not belong to it"
+                f"{state.global_step}: the checkpoint's Pruner state does not belong to it; "
+                "pass FeatherCallback(..., resume_from=<the folder the Trainer resumes from>)"
             )
 
     def on_step_end(
@@ -174,7 +180,17 @@ class FeatherCallback(DrivenCallback, TrainerCallback):
                 f"at {path}; pass FeatherCallback(..., resume_from=<checkpoint folder>) when "
                 "resuming from a checkpoint outside output_dir"
             )
-        loaded: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+        fix = (
+            "resume from another checkpoint folder (trainer.train(resume_from_checkpoint=...) "
+            "and FeatherCallback(..., resume_from=...)), or start the training again"
+        )
+        with open(path, "rb") as f:
+            loaded = load_torch_bytes(f.read(), f"the Pruner state {path}", fix)
+        if not isinstance(loaded, dict):
+            raise ValueError(
+                f"the Pruner state {path} holds a {type(loaded).__name__}, not a Pruner "
+                f"state_dict: it is damaged or was not written by FeatherCallback; {fix}"
+            )
         return loaded
 
 

@@ -57,7 +57,8 @@ class FeatherCallback(DrivenCallback, pl.Callback):
     """Prune a ``LightningModule`` with Feather during ``trainer.fit``.
 
     Args:
-        sparsity: final target sparsity ``S`` in ``[0, 1)``.
+        sparsity: final target sparsity ``S`` in ``[0, 1)``; leave it out with
+            ``pattern="N:M"``, which implies it.
         total_steps: optimizer steps the schedule is laid out on; default
             ``trainer.estimated_stepping_batches`` (give it when that is
             infinite, e.g. an iterable data set with ``max_steps=-1``).
@@ -75,12 +76,14 @@ class FeatherCallback(DrivenCallback, pl.Callback):
             achieved (None before the end).
 
     Raises:
-        ValueError: for an argument the Pruner does not take.
+        ValueError: for an argument the Pruner does not take, a value it refuses
+            (checked here, with the Pruner's messages), or a ``finalize`` or
+            ``log_layers`` that is not a bool.
     """
 
     def __init__(
         self,
-        sparsity: float,
+        sparsity: float | None = None,
         *,
         total_steps: int | None = None,
         finalize: bool = True,
