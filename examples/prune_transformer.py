@@ -25,7 +25,8 @@ which this toy model's 48-wide layers are not (it stays dense).
 
 Why keep the head dense: its rows are the output logits of every token, it is
 small next to the blocks, and in models that tie it to the input embedding
-(GPT-2, BERT's MLM head) pruning it would prune the embedding too.
+(GPT-2, BERT's MLM head) it is one tensor with the embedding, which pruning
+the head prunes too.
 """
 
 from __future__ import annotations
