@@ -370,3 +370,12 @@ def test_sharded_one_shot_nm_names_the_option_not_a_contradiction(
     with pytest.raises(ValueError, match="with these options \\(a frozen one-shot N:M mask") as err:
         pruner.step()
     assert "use one that does" not in str(err.value)
+
+
+def test_non_finite_weights_before_training_are_not_called_a_divergence() -> None:
+    model = plain_model()
+    with torch.no_grad():
+        model[0].weight[0, 0] = math.nan
+    with pytest.raises(RuntimeError, match="layer\\(s\\) 0 at step 0: the model held them before"):
+        fs.Pruner(model, 0.5, total_steps=4)
+    assert parametrized(model) == []

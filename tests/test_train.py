@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import sys
 import types
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
+from _guards import guard
 from _helpers import checkpoint_state, straight_and_resumed, tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli
 from feather_sparse.methods import pruner_config
@@ -135,6 +137,8 @@ def test_overrides_are_converted_like_recipe_values() -> None:
         ({"nesterov": True, "momentum": 0}, "nesterov"),
         ({"device": "tpu"}, "device"),
         ({"model_kwargs": "[1, 2]"}, "model_kwargs"),
+        ({"lr": math.inf}, "lr must be a finite number"),
+        ({"lr": 0.01, "min_lr": 5.0}, "min_lr \\(5.0\\) must not exceed lr"),
     ],
 )
 def test_bad_keys_and_values_name_the_field(overrides: dict[str, Any], field: str) -> None:
@@ -152,6 +156,21 @@ def test_unknown_key_in_a_recipe_file_is_refused(tmp_path: Path) -> None:
     assert cfg.recipe == "mine" and cfg.epochs == 3
     with pytest.raises(ValueError, match="unknown recipe 'cifar1000'"):
         load_config("cifar1000")
+
+
+@guard(
+    "`--recipe` names a folder, or a binary file",
+    "`IsADirectoryError`/`ValueError` naming the path (not a decoding error without it)",
+)
+def test_a_recipe_that_is_a_folder_or_not_text_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "mine.toml"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match=r"is a folder; give the \.toml file inside it"):
+        load_recipe(folder)
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00\x01")
+    with pytest.raises(ValueError, match=re.escape(f"recipe {binary} is not a text")):
+        load_recipe(binary)
 
 
 def test_lr_factor_phases() -> None:

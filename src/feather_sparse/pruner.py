@@ -679,9 +679,14 @@ class Pruner:
         values = maxima.tolist()  # one read of a few floats; the test is plain Python
         if not all(map(math.isfinite, values)):
             bad = [t.name for t, m in zip(self.targets, values) if not math.isfinite(m)]
+            why = (
+                "the model held them before training: check how it was built or loaded"
+                if self._step == 0
+                else "training diverged; lower the learning rate or clip gradients"
+            )
             raise RuntimeError(
                 f"non-finite weights (NaN or inf) in layer(s) {', '.join(bad)} at step "
-                f"{self._step}: training diverged; lower the learning rate or clip gradients"
+                f"{self._step}: {why}"
             )
 
     @torch.no_grad()

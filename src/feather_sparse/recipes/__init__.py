@@ -204,8 +204,13 @@ class TrainConfig:
             "min_lr",
             "lr",
         )
-        if self.lr == 0:
-            raise ValueError("lr must be > 0, got 0")
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
+        if self.min_lr > self.lr:
+            raise ValueError(
+                f"min_lr ({self.min_lr}) must not exceed lr ({self.lr}): the schedule decays "
+                "from lr to min_lr"
+            )
         _choice(self, "optimizer", OPTIMIZERS)
         _choice(self, "lr_schedule", LR_SCHEDULES)
         _choice(self, "amp_dtype", _AMP_DTYPES)
@@ -514,12 +519,15 @@ def recipe_path(recipe: str | Path) -> Path:
     Raises:
         ValueError: for an unknown name (listing the bundled ones).
         FileNotFoundError: for a path that does not exist.
+        IsADirectoryError: for a folder.
     """
     bundled = _bundled()
     if isinstance(recipe, str) and recipe in bundled:
         return bundled[recipe]
     path = Path(recipe).expanduser()
     if path.suffix == ".toml" or path.parent != Path("."):
+        if path.is_dir():
+            raise IsADirectoryError(f"recipe {path} is a folder; give the .toml file inside it")
         if not path.is_file():
             raise FileNotFoundError(f"recipe file {path} does not exist")
         return path
@@ -544,6 +552,8 @@ def load_recipe(recipe: str | Path = DEFAULT_RECIPE) -> dict[str, Any]:
             values = tomllib.load(f)
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"recipe {path} is not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"recipe {path} is not a text (TOML) file") from None
     try:
         _check_keys(values)
     except ValueError as err:
