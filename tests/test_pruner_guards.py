@@ -379,3 +379,15 @@ def test_non_finite_weights_before_training_are_not_called_a_divergence() -> Non
     with pytest.raises(RuntimeError, match="layer\\(s\\) 0 at step 0: the model held them before"):
         fs.Pruner(model, 0.5, total_steps=4)
     assert parametrized(model) == []
+
+
+@guard(
+    "a parametrization removed by hand (`parametrize.remove_parametrizations`), then `step()`",
+    "`RuntimeError` naming the layer: create a new Pruner",
+)
+def test_a_parametrization_removed_outside_the_pruner_is_named() -> None:
+    model = plain_model()
+    pruner = fs.Pruner(model, 0.5, total_steps=4)
+    parametrize.remove_parametrizations(model[2], "weight")
+    with pytest.raises(RuntimeError, match="layer '2' no longer carries this Pruner's"):
+        pruner.step()

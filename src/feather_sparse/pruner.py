@@ -527,7 +527,13 @@ class Pruner:
 
     def _parametrization(self, target: PruneTarget) -> FeatherParametrization:
         plist: Any = target.parametrizations()
-        p: FeatherParametrization = plist._modules["0"]  # plist[0], without ModuleList indexing
+        p = None if plist is None else plist._modules.get("0")  # plist[0], without indexing
+        if not isinstance(p, FeatherParametrization):
+            raise RuntimeError(
+                f"layer {target.name!r} no longer carries this Pruner's parametrization (it was "
+                "removed or replaced outside the Pruner, e.g. by parametrize."
+                "remove_parametrizations): create a new Pruner on the model"
+            )
         return p
 
     def thresholds(self) -> list[Tensor]:
