@@ -48,6 +48,27 @@ def test_full_grid_methods_patterns_models_and_ablations(tmp_path: Path) -> None
         plan(BenchOptions(methods=("gmp",), out=tmp_path))
 
 
+def test_the_ablations_run_at_the_pattern_asked_for(tmp_path: Path) -> None:
+    opts = parse("--ablation-pattern", " 4 : 8 ", "--methods", "feather-nm", "--ps", "1,3")
+    assert opts.ablation_pattern == "4:8"
+    mixer = BenchOptions(
+        seeds=(0,),
+        overrides={"model": "mnist1d_mlpmixer"},
+        methods=("feather-nm",),
+        thetas=(1.0,),
+        ps=(1.0, 3.0),
+        ablation_pattern=opts.ablation_pattern,
+        out=tmp_path,
+    )
+    specs = plan(mixer)
+    soft = [s for s in specs if s.group.startswith("p = 1")]
+    assert [s.settings["pattern"] for s in soft] == ["4:8"]
+    # p = 3 at 4:8 is feather-nm's own 4:8 run: 3 method cells + p = 1
+    assert plan_runs(mixer, specs).distinct == 3 + 1
+    with pytest.raises(ValueError, match="N:M pattern"):
+        parse("--ablation-pattern", "4/8")
+
+
 def test_five_seeds_unless_the_command_names_others() -> None:
     assert EXPERIMENTS.get("nm").seeds == NM_SEEDS == (0, 1, 2, 3, 4)
     assert parse().for_experiment("nm").seeds == NM_SEEDS

@@ -49,6 +49,8 @@ class BenchOptions:
         sparsities: the sparsity columns; ``None`` for the experiment's default.
         thetas: θ values of ``theta``/``theta-operator``/``stability``; ``None`` for default.
         ps: p values of ``p``; ``None`` for the default.
+        ablation_pattern: the N:M pattern of ``nm``'s θ and p ablations;
+            ``None`` for its default (2:4).
         methods: labels of ``compare``'s methods to run; ``None`` for all.
         quick: a CI-sized smoke run (2 epochs, one seed, one sparsity).
         jobs: parallel training processes; 0 = automatic (see :meth:`worker_count`).
@@ -72,6 +74,7 @@ class BenchOptions:
     sparsities: tuple[float, ...] | None = None
     thetas: tuple[float, ...] | None = None
     ps: tuple[float, ...] | None = None
+    ablation_pattern: str | None = None
     methods: tuple[str, ...] | None = None
     quick: bool = False
     jobs: int = 0
@@ -105,6 +108,12 @@ class BenchOptions:
         for p in self.ps or ():
             if not p >= 1.0:
                 raise ValueError(f"ps must be >= 1 (1 = soft, inf = hard), got {p}")
+        if self.ablation_pattern is not None:
+            from feather_sparse.nm import NMPattern
+
+            object.__setattr__(
+                self, "ablation_pattern", str(NMPattern.parse(self.ablation_pattern))
+            )
         if self.jobs < 0:
             raise ValueError(f"jobs must be >= 0 (0 = automatic), got {self.jobs}")
         if self.threads is not None and self.threads < 1:

@@ -334,6 +334,8 @@ def _rebuild_command(name: str, opts: BenchOptions) -> str:
     ):
         if values and tuple(values) != tuple(default or ()):
             args += [flag, ",".join(f"{v:g}" for v in values)]
+    if opts.ablation_pattern and opts.ablation_pattern != ref.ablation_pattern:
+        args += ["--ablation-pattern", opts.ablation_pattern]
     if opts.methods:
         args += ["--methods", ",".join(opts.methods)]
     if opts.out != ref.out:

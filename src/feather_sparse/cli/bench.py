@@ -111,6 +111,11 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--thetas", type=_floats, default=None, help="θ values (theta experiments)")
     grid.add_argument("--ps", type=_floats, default=None, help="p values (p experiment)")
     grid.add_argument(
+        "--ablation-pattern",
+        default=None,
+        help="N:M pattern of the nm experiment's θ and p ablations [2:4]",
+    )
+    grid.add_argument(
         "--methods",
         default=None,
         help=f"compare only these (comma-separated): {','.join(COMPARE_METHODS)}",
@@ -172,6 +177,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         overrides=overrides,
         thetas=args.thetas,
         ps=args.ps,
+        ablation_pattern=args.ablation_pattern,
         methods=methods,
         quick=args.quick,
         force=args.force,

@@ -77,6 +77,10 @@ def _methods(opts: BenchOptions) -> tuple[str, ...]:
     return tuple(m for m in NM_METHODS if m in opts.methods)
 
 
+def _ablation_pattern(opts: BenchOptions) -> str:
+    return opts.ablation_pattern or ABLATION_PATTERN
+
+
 def _thetas(opts: BenchOptions) -> tuple[float, ...]:
     return tuple(opts.thetas) if opts.thetas else NM_THETAS
 
@@ -118,7 +122,7 @@ def plan(opts: BenchOptions) -> list[RunSpec]:
         base = {
             "dense": False,
             "method": REFERENCE,
-            "pattern": ABLATION_PATTERN,
+            "pattern": _ablation_pattern(opts),
             **_model_settings(opts, model),
         }
         for t in _thetas(opts):
@@ -197,7 +201,7 @@ def _ablation(
 
     paired = _paired(acc, title, label, reference) if reference in rows else ""
     return (
-        f"Top-1 accuracy (%), mean ± std over seeds, {ABLATION_PATTERN}; best per model "
+        f"Top-1 accuracy (%), mean ± std over seeds, {_ablation_pattern(ctx.opts)}; best per model "
         "in bold.\n\n"
         + acc.table(title, label)
         + "\n\n"
