@@ -103,3 +103,17 @@ def test_nm_resume_is_bit_identical_to_a_straight_run(tmp_path: Path, method: st
     for row in rows[0] + rows[1]:
         row.pop("epoch_time", None)
     assert rows[0] == rows[1]
+
+
+def test_cli_log_names_the_nm_ramp_not_a_threshold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An N:M run's per-epoch line shows the ramp r of r·T_g, labelled so (not as a threshold)."""
+    args = tiny_run_args(train_size=256, test_size=64, epochs=1)
+    run = tmp_path / "run"
+    assert cli.main(["train", *args, "--pattern", "2:4", "--run-dir", str(run)]) == 0
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("epoch 1/1")]
+    assert "  ramp 1  " in line and " thr " not in line
+    assert cli.main(["train", *args, "--run-dir", str(tmp_path / "unstructured")]) == 0
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("epoch 1/1")]
+    assert " thr " in line and "ramp" not in line

@@ -229,6 +229,25 @@ def test_cli_dense_baseline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert final["sparsity"] == 0.0 and final["target_sparsity"] == 0.0
 
 
+@guard(
+    "`feather-sparse train --dense` given a pruning flag (`--sparsity`, `--pattern`, ...)",
+    "one-line error naming the flags that would be ignored; nothing is trained or written",
+)
+def test_cli_dense_with_pruning_flags_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    base = ["train", *SMALL_ARGS, "--run-dir", str(run)]
+    assert cli.main([*base, "--dense", "--sparsity", "0.5"]) == 1
+    assert "--sparsity would be ignored" in capsys.readouterr().err
+    assert cli.main([*base, "--dense", "--set", "pattern=2:4", "--schedule-end", "0.3"]) == 1
+    assert "--pattern, --schedule-end would be ignored" in capsys.readouterr().err
+    assert not run.exists()
+    # --no-dense with the same flags is an ordinary pruned run's config
+    assert cli.main([*base, "--no-dense", "--sparsity", "0.5", "--print-config"]) == 0
+    assert "sparsity = 0.5" in capsys.readouterr().out
+
+
 def test_cli_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "no-such-folder"
     run = tmp_path / "run"

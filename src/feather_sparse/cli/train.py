@@ -115,6 +115,38 @@ def _cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
+#: Config fields that only a pruned run reads: given with ``--dense`` they would do nothing.
+_PRUNING_FIELDS = (
+    "method",
+    "sparsity",
+    "pattern",
+    "operator",
+    "p",
+    "theta",
+    "theta_rule",
+    "backbone",
+    "schedule",
+    "schedule_start",
+    "schedule_end",
+    "update_every",
+    "exclude",
+    "max_layer_sparsity",
+)
+
+
+def _check_dense_flags(dense: bool, overrides: dict[str, Any]) -> None:
+    """Refuse a dense run given pruning settings on the command line (they would be ignored)."""
+    if not dense:
+        return
+    given = [name for name in _PRUNING_FIELDS if name in overrides]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ValueError(
+            f"the run is dense (--dense or the recipe's dense = true), so {flags} would be "
+            f"ignored; drop {flags} for a dense run, or pass --no-dense to prune"
+        )
+
+
 @contextlib.contextmanager
 def _console_logging(verbose: int, quiet: bool = False) -> Iterator[None]:
     """Show the package's INFO lines (epoch summaries) on stderr, without prefixes.
@@ -177,6 +209,7 @@ def _run(command: str, args: argparse.Namespace) -> int:
     else:
         config = load_config(args.recipe or DEFAULT_RECIPE, overrides)
         run_dir = args.run_dir
+    _check_dense_flags(config.dense, overrides)
     if args.print_config:
         for key, value in config.to_dict().items():
             print(f"{key} = {json.dumps(value)}")

@@ -51,6 +51,7 @@ from feather_sparse.train.progress import (
     _dense_table,
     _log_epoch,
     _Progress,
+    _threshold_label,
     _threshold_value,
     _use_bar,
 )
@@ -164,7 +165,7 @@ def _train_epoch(s: _Session, progress: bool) -> tuple[float, float]:
                 shown = {"loss": f"{loss_sum / seen:.4f}", "acc": f"{correct / seen:.2%}"}
                 if pruner is not None:
                     shown["sparsity"] = f"{pruner.scheduled_sparsity():.3f}"
-                    shown["thr"] = f"{_threshold_value(pruner):.3g}"
+                    shown[_threshold_label(pruner)] = f"{_threshold_value(pruner):.3g}"
             bar.update(i + 1, shown)
     finally:
         bar.close()
@@ -327,7 +328,7 @@ def _train(
             for callback in callbacks:
                 callback(s.epoch, s.model, s.pruner, row)
             s.history.append(row)
-            _log_epoch(row, config.epochs)
+            _log_epoch(row, config.epochs, _threshold_label(s.pruner))
             if ctx.is_main:
                 _save(s, row)
                 with s.metrics_file.open("a") as f:

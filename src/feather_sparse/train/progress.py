@@ -84,20 +84,26 @@ def _dense_table(model: nn.Module) -> str:
     return "\n".join(lines)
 
 
-def _log_epoch(row: dict[str, Any], epochs: int) -> None:
+def _threshold_label(pruner: Any) -> str:
+    """``thr`` for a threshold; ``ramp`` for N:M, whose buffer holds the ramp r of ``r·T_g``."""
+    return "ramp" if pruner is not None and pruner.pruner_config.pattern is not None else "thr"
+
+
+def _log_epoch(row: dict[str, Any], epochs: int, threshold_label: str = "thr") -> None:
     test = (
         f"test loss {row['test_loss']:.4f} acc {100 * row['test_acc']:.2f}%"
         if "test_acc" in row
         else "test -"
     )
     logger.info(
-        "epoch %d/%d  train loss %.4f acc %.2f%%  %s  sparsity %.4f  thr %.4g  lr %.4g  %.1fs",
+        "epoch %d/%d  train loss %.4f acc %.2f%%  %s  sparsity %.4f  %s %.4g  lr %.4g  %.1fs",
         row["epoch"],
         epochs,
         row["train_loss"],
         100 * row["train_acc"],
         test,
         row["sparsity"],
+        threshold_label,
         row["threshold"],
         row["lr"],
         row["epoch_time"],
