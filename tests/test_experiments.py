@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from feather_sparse import cli
-from feather_sparse.bench.pages import Context, _footer, finite_curve
+from feather_sparse.bench.pages import Context, _footer, _numerics_line, finite_curve
 from feather_sparse.experiments import (
     COMPARE_METHODS,
     EXPERIMENTS,
@@ -29,6 +29,7 @@ from feather_sparse.experiments import (
     run_key,
 )
 from feather_sparse.integrity import read_sealed_json
+from feather_sparse.provenance import numerics
 
 pytest.importorskip("matplotlib")
 
@@ -61,6 +62,7 @@ def test_quick_run_of_every_experiment(name: str, tmp_path: Path, shared_runs: P
         assert "| 95 % |" in text or "sparsity 95 %" in text
     for field in ("- command: `feather-sparse bench " + name, "- library:", "- machine:"):
         assert field in text
+    assert f"- numerics: every run on {numerics('cpu')}" in text
     assert "--quick smoke run" in text
     assert result.figures
     for fig in result.figures:
@@ -244,3 +246,16 @@ def test_footer_names_every_model_the_page_trained(tmp_path: Path) -> None:
     assert "- data and models: mnist1d, mnist1d_cnn, mnist1d_mlpmixer;" in _footer(ctx)
     one = Context("nm", BenchOptions(out=tmp_path), pairs[:2], executed=2, elapsed=1.0, workers=1)
     assert "- data and model: mnist1d, mnist1d_cnn;" in _footer(one)
+
+
+def test_a_page_says_when_its_runs_come_from_several_kernel_sets() -> None:
+    """Runs reused from another machine are not bit-comparable: the page names the mix."""
+    here, there = numerics("cpu"), "torch 2.13.0+cpu, CPU Other, AVX2 kernels"
+    runs = [RunOutcome(key=f"r{i}", config={}, ok=True, numerics=here) for i in range(3)]
+    assert _numerics_line(runs) == f"- numerics: every run on {here}"
+    mixed = [*runs, RunOutcome(key="old", config={}, ok=True, numerics=there)]
+    mixed.append(RunOutcome(key="older", config={}, ok=True))  # stored before it was recorded
+    line = _numerics_line(mixed)
+    assert line.startswith("- **numerics: the runs come from 3 floating-point environments**")
+    assert f"3 × {here}; 1 × {there}; 1 × not recorded (an older run)" in line
+    assert "bit-comparable only within one" in line

@@ -25,6 +25,7 @@ from _guards import guard
 from _helpers import checkpoint_state, straight_and_resumed, tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli
 from feather_sparse.methods import pruner_config
+from feather_sparse.provenance import numerics
 from feather_sparse.recipes import TrainConfig, list_recipes, load_config, load_recipe
 from feather_sparse.train import (
     CHECKPOINT_FORMAT,
@@ -33,6 +34,7 @@ from feather_sparse.train import (
     load_checkpoint,
     lr_factor,
     save_checkpoint,
+    session,
     train,
 )
 
@@ -303,6 +305,25 @@ def test_resume_refuses_a_contradicting_config(
         train(small_config(), run, progress=False)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         train(small_config(), tmp_path / "empty", resume=True, progress=False)
+
+
+def test_resume_on_another_kernel_set_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint records its floating-point environment; resuming elsewhere says so."""
+    run = tmp_path / "run"
+    train(small_config(), run, stop_after_epoch=1, progress=False)
+    assert load_checkpoint(run)["numerics"] == numerics("cpu")
+    assert json.loads((run / "config.json").read_text())["numerics"] == numerics("cpu")
+    with caplog.at_level("WARNING", logger="feather_sparse"):
+        train(small_config(), run, resume=True, stop_after_epoch=2, progress=False)
+    assert "another floating-point environment" not in caplog.text  # same machine: silent
+    monkeypatch.setattr(session, "numerics", lambda device: "torch 0.0, CPU other, X kernels")
+    with caplog.at_level("WARNING", logger="feather_sparse"):
+        result = train(small_config(), run, resume=True, progress=False)
+    assert result.completed
+    assert "resuming on another floating-point environment" in caplog.text
+    assert numerics("cpu") in caplog.text and "CPU other, X kernels" in caplog.text
 
 
 def test_interrupted_checkpoint_write_keeps_the_previous_one(

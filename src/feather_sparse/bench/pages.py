@@ -12,6 +12,7 @@ import math
 import platform
 import shlex
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from feather_sparse.bench.options import (
 from feather_sparse.bench.runner import RunOutcome, RunSpec, jsonable
 from feather_sparse.bench.stats import CONFIDENCE, paired_difference
 from feather_sparse.bench.suites import SUITES
+from feather_sparse.provenance import cpu_model
 
 __all__ = [
     "SWEEP_LOG",
@@ -49,18 +51,10 @@ SWEEP_LOG = "sweep.jsonl"
 
 def machine_description(workers: int | None = None, threads: int | str | None = None) -> str:
     """One line naming the hardware (and Python); the library versions are listed apart."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     parts = [
         f"Python {platform.python_version()}",
         f"{platform.system()} {platform.machine()}",
-        f"{cpu}, {usable_cpus()} usable cores",
+        f"{cpu_model()}, {usable_cpus()} usable cores",
     ]
     if torch.cuda.is_available():
         parts.append(f"GPU {torch.cuda.get_device_name(0)}")
@@ -291,6 +285,7 @@ def _footer(ctx: Context) -> str:
             f"pool (`bench all`: {trained} runs trained in {seconds / 60:.1f} min of wall time); "
             f"summed run time of this page's runs {run_time / 60:.1f} min"
         )
+    lines.append(_numerics_line(ok))
     if failed:
         lines.append(
             f"- **{len(failed)} run(s) failed**: "
@@ -309,6 +304,26 @@ def _footer(ctx: Context) -> str:
     if ctx.opts.quick:
         lines.append("- **--quick smoke run**: too short to mean anything; only checks the code")
     return "\n".join(lines) + "\n"
+
+
+def _numerics_line(outcomes: Sequence[RunOutcome]) -> str:
+    """Which floating-point environments trained the runs (bold when more than one).
+
+    A seed's run is bit-reproducible only within one environment (see
+    :mod:`feather_sparse.provenance`): a page whose runs come from several,
+    e.g. a runs folder reused on another machine, pairs runs that differ by
+    more than the method.
+    """
+    counts = Counter(o.numerics or "not recorded (an older run)" for o in outcomes)
+    if len(counts) <= 1:
+        only = next(iter(counts), "no run finished")
+        return f"- numerics: every run on {only}"
+    parts = "; ".join(f"{n} × {name}" for name, n in counts.most_common())
+    return (
+        f"- **numerics: the runs come from {len(counts)} floating-point environments** "
+        f"({parts}); a seed's runs are bit-comparable only within one, so a paired "
+        "difference across them includes the machine's noise"
+    )
 
 
 def _rebuild_command(name: str, opts: BenchOptions) -> str:

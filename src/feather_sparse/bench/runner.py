@@ -105,6 +105,9 @@ class RunOutcome:
         stability_changed: fraction of the mask that flipped since the previous record.
         version: feather-sparse version.
         torch_version: torch version.
+        numerics: the floating-point environment that trained it
+            (:func:`feather_sparse.provenance.numerics`; empty for runs stored
+            before it was recorded).
     """
 
     key: str
@@ -127,6 +130,7 @@ class RunOutcome:
     stability_changed: tuple[float, ...] = ()
     version: str = __version__
     torch_version: str = torch.__version__
+    numerics: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out = {"format": OUTCOME_FORMAT}
@@ -276,6 +280,7 @@ def _execute(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
             stability_epochs=stability.epochs,
             stability_pearson=stability.pearson,
             stability_changed=stability.changed,
+            numerics=str(info.get("numerics", "")),
         )
     except Exception as err:  # one bad run must not stop a sweep; it is reported
         logger.debug("run %s failed", key, exc_info=True)

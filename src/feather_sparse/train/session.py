@@ -21,6 +21,7 @@ from torch import nn
 from feather_sparse._version import __version__
 from feather_sparse.methods import build_pruner
 from feather_sparse.models import MODEL_SPEC_ATTR
+from feather_sparse.provenance import numerics
 from feather_sparse.recipes import TrainConfig
 from feather_sparse.train.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -158,6 +159,16 @@ def _restore(session: _Session, checkpoint: dict[str, Any]) -> None:
             "(did the data set change?)"
         )
     _set_rng_state(checkpoint["rng"])
+    saved, now = checkpoint.get("numerics"), numerics(session.device)
+    if saved is not None and saved != now and session.ctx.is_main:
+        logger.warning(
+            "resuming on another floating-point environment (the checkpoint was written "
+            "with %s, this process runs %s): training continues exactly from the "
+            "checkpoint, but its later steps are not bit-identical to those of an "
+            "uninterrupted run",
+            saved,
+            now,
+        )
     if session.ctx.is_main:
         session.history = _trim_metrics(
             session.metrics_file, session.epoch, checkpoint.get("metrics")
@@ -177,6 +188,7 @@ def _write_run_info(s: _Session) -> None:
             "format": RUN_FORMAT,
             "version": __version__,
             "torch": torch.__version__,
+            "numerics": numerics(s.device),
             "config": s.config.to_dict(s.spec),
             "model": s.spec,
             "data": {
@@ -202,6 +214,7 @@ def _checkpoint_state(s: _Session, metrics: dict[str, Any]) -> dict[str, Any]:
         "format": CHECKPOINT_FORMAT,
         "checkpoint_version": CHECKPOINT_VERSION,
         "version": __version__,
+        "numerics": numerics(s.device),
         "epoch": s.epoch,
         "step": s.step,
         # The model entry is the spec {"name", "kwargs"}: enough to rebuild it.
