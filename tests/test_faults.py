@@ -30,7 +30,7 @@ import torch
 
 from _guards import BEGIN, END, ROOT, guard
 from _helpers import checkpoint_state, tiny_config, tiny_run, tiny_run_args
-from feather_sparse import cli, integrity
+from feather_sparse import cli, integrity, run_lock
 from feather_sparse.data import cache, mnist1d
 from feather_sparse.export import load_sparse
 from feather_sparse.integrity import DiskFullError, IntegrityError, NotWritableError
@@ -55,7 +55,7 @@ SMALL_ARGS = tiny_run_args(train_size=256, test_size=64, eval_batch_size=64)
 # the file written), or never ("none").
 CHILD = """
 import os, signal, sys, threading
-from feather_sparse import cli, integrity
+from feather_sparse import cli, integrity, run_lock
 fault, args = sys.argv[1], sys.argv[2:]
 if fault.startswith("write:"):
     target, calls, real = int(fault[6:]), [0], integrity._write_file
@@ -256,13 +256,20 @@ def test_no_intact_checkpoint_left_is_a_clear_error(half_run: Path, tmp_path: Pa
     assert "last.pt" in str(info.value) and "prev.pt" in str(info.value)
 
 
-@guard("`--resume` of a finished run with damaged checkpoints", "writes nothing; model kept")
+@guard(
+    "`--resume` of a finished run with damaged checkpoints",
+    "writes nothing (but the run lock's record of who read it); model kept",
+)
 def test_resuming_a_finished_run_never_overwrites_its_model(
     finished_run: Path, straight: TrainResult, tmp_path: Path
 ) -> None:
     run = copy_run(finished_run, tmp_path)
     model = next(p for p in (run / "model.fsp", run / "model.pt") if p.is_file())
-    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.suffix != ".log"}
+    before = {
+        p: p.read_bytes()
+        for p in run.rglob("*")
+        if p.is_file() and p.suffix != ".log" and p.name != run_lock.LOCK_NAME
+    }
     flip_bit(checkpoint_path(run), random.Random(5))
     flip_bit(run / "checkpoints" / "prev.pt", random.Random(6))
     result = train(small_config(), run, resume=True, progress=False)

@@ -250,6 +250,22 @@ def remove_stale_temps(path: Path) -> None:
             logger.info("removed %s, left by a writer that was killed", stale)
 
 
+def remove_stale_temps_in(folder: Path) -> None:
+    """Remove every temporary file in ``folder`` whose writer was killed (see above).
+
+    The temporary files of writers still running (an export writing into a
+    run folder, say) are kept.
+    """
+    for stale in folder.glob(".*.tmp") if folder.is_dir() else ():
+        parts = stale.name.split(".")  # "", <target...>, <pid>, <random>, "tmp"
+        pid = parts[-3] if len(parts) >= 5 else ""
+        if pid.isdigit() and (int(pid) == os.getpid() or _pid_alive(int(pid))):
+            continue
+        with contextlib.suppress(OSError):
+            stale.unlink()
+            logger.info("removed %s, left by a writer that was killed", stale)
+
+
 def _fsync_dir(folder: Path) -> None:
     with contextlib.suppress(OSError):  # persist the renames themselves (POSIX; best effort)
         dir_fd = os.open(folder, os.O_RDONLY)

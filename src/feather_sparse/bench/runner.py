@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from feather_sparse import run_lock
 from feather_sparse import train as training
 from feather_sparse._version import __version__
 from feather_sparse.analysis import MaskStabilityRecorder, count_flops, layer_sparsity
@@ -244,6 +245,18 @@ def _execute(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
     becomes an outcome with ``ok=False``.
     """
     path = Path(run_dir)
+    # Another sweep sharing this runs folder may be training the same run now:
+    # wait for it and take its result, rather than clear its folder under it.
+    with run_lock.hold(path.parent / f".{path.name}.lock", what=f"run {path}", wait=True):
+        stored = load_outcome(path)
+        if stored is not None and stored.ok:
+            logger.info("run %s was trained meanwhile by another process: reused", path.name)
+            return stored.to_json()
+        return _execute_locked(config, path)
+
+
+def _execute_locked(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    """:func:`_execute` once the run is this process's."""
     key = path.name
     started = time.perf_counter()
     # Each run logs into its own RUN_DIR/train.log (train() attaches that

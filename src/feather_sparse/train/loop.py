@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
+from feather_sparse import run_lock
 from feather_sparse.data import DATASETS, load_dataset
 from feather_sparse.integrity import DiskFullError
 from feather_sparse.methods import check_method
@@ -456,6 +457,53 @@ def train(
             f"run folder {run_path} is an existing file, not a folder; "
             "choose another --run-dir (a new or an existing folder)"
         )
+    created = not run_path.exists()
+    # One process per run folder (rank 0 writes for all ranks): a second
+    # `train` into it, fresh or resumed, stops here with the holder's name.
+    lock = (
+        run_lock.hold(run_path / run_lock.LOCK_NAME, what=f"run folder {run_path}")
+        if ctx.is_main
+        else contextlib.nullcontext()
+    )
+    with lock:
+        ckpt_file = checkpoint_path(run_path)
+        try:
+            return _train_locked(
+                config,
+                run_path,
+                resume=resume,
+                device=device,
+                ctx=ctx,
+                stop_after_epoch=stop_after_epoch,
+                callbacks=callbacks,
+                progress=progress,
+                started=started,
+                load_dataset=load_dataset,
+                create_model=create_model,
+            )
+        except BaseException:
+            # A run that failed before its first checkpoint (bad data path, ...)
+            # leaves no half-made folder behind when this call created it.
+            if created and ctx.is_main and not ckpt_file.exists():
+                shutil.rmtree(run_path, ignore_errors=True)
+            raise
+
+
+def _train_locked(
+    config: TrainConfig,
+    run_path: Path,
+    *,
+    resume: bool,
+    device: torch.device,
+    ctx: DistContext,
+    stop_after_epoch: int | None,
+    callbacks: Sequence[EpochCallback],
+    progress: bool | None,
+    started: float,
+    load_dataset: Callable[..., Any],
+    create_model: Callable[..., nn.Module],
+) -> TrainResult:
+    """:func:`train` once the run folder is this process's: resume or start, then train."""
     ckpt_file = checkpoint_path(run_path)
     checkpoint: dict[str, Any] | None = None
     if resume:
@@ -469,7 +517,6 @@ def train(
             f"{run_path} already holds a run (checkpoints/last.pt); resume it with "
             "--resume, or choose another --run-dir"
         )
-    created = not run_path.exists()
     if ctx.is_main:
         _prepare(run_path)
 
@@ -493,12 +540,6 @@ def train(
                 load_dataset=load_dataset,
                 create_model=create_model,
             )
-    except BaseException:
-        # A run that failed before its first checkpoint (bad data path, ...)
-        # leaves no half-made folder behind when this call created it.
-        if created and ctx.is_main and not ckpt_file.exists():
-            shutil.rmtree(run_path, ignore_errors=True)
-        raise
     finally:
         torch.set_num_threads(threads)
 

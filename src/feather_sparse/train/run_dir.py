@@ -36,6 +36,7 @@ from feather_sparse.integrity import (
     NotWritableError,
     check_zip_seal,
     read_sealed_json,
+    remove_stale_temps_in,
     seal_zip,
     write_atomic,
     write_sealed_json,
@@ -284,5 +285,4 @@ def _prepare(run_dir: Path) -> None:
         ) from err
     # Temporary files of writers killed mid-write (checkpoint, model, JSON).
     for folder in (run_dir, run_dir / CHECKPOINTS_DIR):
-        for stale in folder.glob(".*.tmp") if folder.is_dir() else ():
-            stale.unlink(missing_ok=True)
+        remove_stale_temps_in(folder)
