@@ -63,6 +63,8 @@ def test_quick_run_of_every_experiment(name: str, tmp_path: Path, shared_runs: P
     for field in ("- command: `feather-sparse bench " + name, "- library:", "- machine:"):
         assert field in text
     assert f"- numerics: every run on {numerics('cpu')}" in text
+    runs = re.search(r"- runs: (\d+) \((\d+) trained by this command, (\d+) reused", text)
+    assert runs is not None and int(runs[1]) == int(runs[2]) + int(runs[3])
     assert "--quick smoke run" in text
     assert result.figures
     for fig in result.figures:

@@ -274,8 +274,8 @@ def _footer(ctx: Context) -> str:
         f"{cfg.get('optimizer')} lr {cfg.get('lr')}, weight decay {cfg.get('weight_decay')}, "
         f"gradient clipping {cfg.get('grad_clip') or 'none'}; "
         f"seeds {', '.join(map(str, ctx.opts.run_seeds))}",
-        f"- runs: {len(unique)} ({ctx.executed} trained by this command, the others reused "
-        f"from earlier results); summed run time {run_time / 60:.1f} min; this command's "
+        f"- runs: {len(unique)} ({ctx.executed} trained by this command, "
+        f"{len(unique) - ctx.executed} reused from earlier results); summed run time {run_time / 60:.1f} min; this command's "
         f"wall time {ctx.elapsed / 60:.1f} min",
     ]
     if ctx.pool is not None:
