@@ -275,8 +275,8 @@ def _footer(ctx: Context) -> str:
         f"gradient clipping {cfg.get('grad_clip') or 'none'}; "
         f"seeds {', '.join(map(str, ctx.opts.run_seeds))}",
         f"- runs: {len(unique)} ({ctx.executed} trained by this command, "
-        f"{len(unique) - ctx.executed} reused from earlier results); summed run time {run_time / 60:.1f} min; this command's "
-        f"wall time {ctx.elapsed / 60:.1f} min",
+        f"{len(unique) - ctx.executed} reused from earlier results); summed run time "
+        f"{run_time / 60:.1f} min; this command's wall time {ctx.elapsed / 60:.1f} min",
     ]
     if ctx.pool is not None:
         trained, seconds = ctx.pool
