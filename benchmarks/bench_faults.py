@@ -45,6 +45,7 @@ from _timing import machine
 # The tests' helpers (run, child process, damage): one source of truth.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import test_faults as tf
+from feather_sparse import run_lock
 from feather_sparse.data import cache, mnist1d
 from feather_sparse.train import TrainResult, checkpoint_path, load_checkpoint, train
 
@@ -64,10 +65,11 @@ class Row:
 
 
 def snapshot(run: Path, skip: Path) -> dict[Path, bytes]:
+    """The run's files but ``skip``, the logs and the lock's record of who last held it."""
     return {
         p: p.read_bytes()
         for p in run.rglob("*")
-        if p.is_file() and p != skip and p.suffix != ".log"
+        if p.is_file() and p != skip and p.suffix != ".log" and p.name != run_lock.LOCK_NAME
     }
 
 

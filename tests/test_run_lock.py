@@ -14,7 +14,7 @@ import pytest
 from _guards import guard
 from _helpers import tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli, run_lock
-from feather_sparse.bench.runner import RunOutcome, _execute, load_outcome
+from feather_sparse.bench.runner import REUSED, RunOutcome, _execute, load_outcome
 from feather_sparse.integrity import write_sealed_json
 from feather_sparse.train import train
 from feather_sparse.train.run_dir import _prepare
@@ -123,6 +123,7 @@ def test_a_sweep_waits_for_a_run_another_sweep_is_training(tmp_path: Path) -> No
     worker.join(timeout=60)
     assert not worker.is_alive()
     assert result["test_accuracy"] == 0.5 and result["key"] == "r-abc"  # reused, not retrained
+    assert result[REUSED] is True  # counted as reused on the page, not as trained here
     assert (path / "train.log").read_text() == "another sweep is training this run\n"
     stored = load_outcome(path)
     assert stored is not None and stored.test_accuracy == 0.5
@@ -139,3 +140,61 @@ def test_preparing_a_run_folder_keeps_the_files_of_live_writers(tmp_path: Path) 
         f.write_bytes(b"x")
     _prepare(run)
     assert alive.exists() and not dead.exists() and not killed.exists()
+
+
+@guard(
+    "a sweep reaches a run whose folder a `train --resume` (by hand) is training",
+    "that run fails with the holder named; its folder is neither cleared nor written to",
+)
+def test_a_sweep_leaves_alone_a_run_folder_that_train_holds(tmp_path: Path) -> None:
+    path = tmp_path / "runs" / "r-abc"
+    path.mkdir(parents=True)
+    (path / "train.log").write_text("resumed by hand\n")
+    proc = held_elsewhere(path / run_lock.LOCK_NAME)
+    try:
+        result = _execute(tiny_config(SMALL, epochs=1).to_dict(), str(path))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result["ok"] is False and f"is in use by process {proc.pid}" in str(result["error"])
+    assert sorted(p.name for p in path.iterdir()) == [run_lock.LOCK_NAME, "train.log"]
+    assert (path / "train.log").read_text() == "resumed by hand\n"
+    # free again: the unfinished attempt is cleared (the lock file kept) and trained
+    result = _execute(tiny_config(SMALL, epochs=1).to_dict(), str(path))
+    assert result["ok"] is True and REUSED not in result
+    assert "resumed by hand" not in (path / "train.log").read_text()
+
+
+def test_a_refused_resume_leaves_nothing_behind(tmp_path: Path) -> None:
+    """No folder is made for a resume of nothing, and no lock is left in a folder with no run."""
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train(tiny_config(SMALL), tmp_path / "a" / "b" / "gone", resume=True, progress=False)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("mine")
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train(tiny_config(SMALL), plain, resume=True, progress=False)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "plain",
+        "plain/notes.txt",
+    ]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_does_not_keep_the_lock(tmp_path: Path) -> None:
+    """A DataLoader worker forked during training must not hold the run after the trainer."""
+    lock = tmp_path / ".lock"
+    started, ready = os.pipe()
+    with run_lock.hold(lock, what="x"):
+        child = os.fork()
+        if child == 0:  # the worker: outlives the lock's holder for a while
+            os.write(ready, b"1")  # its fork handlers have run
+            time.sleep(5)
+            os._exit(0)
+        assert os.read(started, 1) == b"1"
+    try:
+        with run_lock.hold(lock, what="x"):  # free at once, the child still alive
+            assert os.waitpid(child, os.WNOHANG) == (0, 0)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)

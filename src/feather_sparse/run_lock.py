@@ -45,6 +45,23 @@ _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 _NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 
+# The lock files this process holds open. A forked child (a DataLoader
+# worker) closes its copies at once: an inherited descriptor would keep the
+# lock held after this process is killed, for as long as the child lingers.
+_HELD: set[int] = set()
+
+
+def _close_in_child() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
+
+
 class RunInUseError(RuntimeError):
     """Another process holds the lock (it is training this run now)."""
 
@@ -96,6 +113,7 @@ def hold(lock_file: Path, *, what: str, wait: bool = False) -> Iterator[None]:
         logger.debug("%s: no lock (%s)", what, err.strerror)
         yield
         return
+    _HELD.add(fd)
     try:
         if fcntl is None:
             logger.warning(
@@ -105,6 +123,7 @@ def hold(lock_file: Path, *, what: str, wait: bool = False) -> Iterator[None]:
             _lock(fd, what, wait)
         yield
     finally:
+        _HELD.discard(fd)
         os.close(fd)  # releases the lock
 
 

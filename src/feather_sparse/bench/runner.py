@@ -237,22 +237,50 @@ def load_outcome(run_dir: Path) -> RunOutcome | None:
 
 
 # ===================================================================== one run
-def _execute(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
+def _execute(config: dict[str, Any], run_dir: str, reuse: bool = True) -> dict[str, Any]:
     """Train one run and measure it; the body of every worker process.
 
     Module-level so that a spawned process can import and call it. Returns
     (and writes) the :class:`RunOutcome` as JSON; an exception during training
-    becomes an outcome with ``ok=False``.
+    becomes an outcome with ``ok=False``. With ``reuse`` (not ``--force``), a
+    result that another process stored while this one waited is taken as it is.
     """
     path = Path(run_dir)
     # Another sweep sharing this runs folder may be training the same run now:
     # wait for it and take its result, rather than clear its folder under it.
     with run_lock.hold(path.parent / f".{path.name}.lock", what=f"run {path}", wait=True):
-        stored = load_outcome(path)
+        stored = load_outcome(path) if reuse else None
         if stored is not None and stored.ok:
             logger.info("run %s was trained meanwhile by another process: reused", path.name)
-            return stored.to_json()
+            return {**stored.to_json(), REUSED: True}
+        try:
+            _clear_unfinished(path)
+        except run_lock.RunInUseError as err:  # a `train --resume` of this folder, by hand
+            return RunOutcome(key=path.name, config=config, ok=False, error=str(err)).to_json()
         return _execute_locked(config, path)
+
+
+#: Key of an :func:`_execute` result that another process trained (not stored in files).
+REUSED = "reused_meanwhile"
+
+
+def _clear_unfinished(path: Path) -> None:
+    """Empty the folder of an unfinished earlier attempt (``train`` refuses to overwrite it).
+
+    The run's own lock is taken first, so a folder that a ``train`` process is
+    using is left alone (:class:`~feather_sparse.run_lock.RunInUseError`);
+    the lock file itself stays, so that every process locks the same file.
+    """
+    if not path.is_dir():
+        return
+    with run_lock.hold(path / run_lock.LOCK_NAME, what=f"run folder {path}"):
+        for child in path.iterdir():
+            if child.name == run_lock.LOCK_NAME:
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
 
 
 def _execute_locked(config: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -265,8 +293,6 @@ def _execute_locked(config: dict[str, Any], path: Path) -> dict[str, Any]:
     propagate = package_logger.propagate
     package_logger.propagate = False
     try:
-        if path.exists():  # an unfinished earlier attempt: train() refuses to overwrite it
-            shutil.rmtree(path)
         cfg = TrainConfig.from_dict(config)
         recorder = MaskStabilityRecorder(key)
         result = training.train(cfg, path, callbacks=[recorder], progress=False)
@@ -420,7 +446,7 @@ ProgressFn = Callable[[int, int, RunSpec, RunOutcome], None]
 def execute_runs(
     opts: BenchOptions, specs: Sequence[RunSpec], on_progress: ProgressFn | None = None
 ) -> tuple[list[tuple[RunSpec, RunOutcome]], int, float]:
-    """Run every spec that has no result yet; return ``(pairs, runs executed, seconds)``.
+    """Run every spec that has no result yet; return ``(pairs, runs trained here, seconds)``.
 
     Runs execute in ``opts.worker_count()`` spawned processes (in this process
     when that is 1). Identical configs are trained once. Before the first run,
@@ -445,8 +471,11 @@ def execute_runs(
     workers = min(opts.worker_count(), max(1, total))
     logger.info("%d runs to train (%d reused), %d process(es)", total, len(outcomes), workers)
 
+    trained = 0  # those that another process trained meanwhile are reused, not trained
+
     def finished(data: dict[str, Any]) -> None:
-        nonlocal done
+        nonlocal done, trained
+        trained += not data.get(REUSED, False)
         outcome = RunOutcome.from_json(data)
         outcomes[outcome.key] = outcome
         done += 1
@@ -457,11 +486,12 @@ def execute_runs(
         root.mkdir(parents=True, exist_ok=True)
     if workers <= 1:
         for key, cfg in todo.items():
-            finished(_execute(cfg, str(root / key)))
+            finished(_execute(cfg, str(root / key), not opts.force))
     elif total:
         context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
         with futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            pending = [pool.submit(_execute, cfg, str(root / key)) for key, cfg in todo.items()]
+            reuse = not opts.force
+            pending = [pool.submit(_execute, cfg, str(root / k), reuse) for k, cfg in todo.items()]
             try:
                 for fut in futures.as_completed(pending):
                     finished(fut.result())
@@ -471,4 +501,4 @@ def execute_runs(
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
     elapsed = time.perf_counter() - started
-    return [(s, outcomes[k]) for s, k in zip(specs, keys)], total, elapsed
+    return [(s, outcomes[k]) for s, k in zip(specs, keys)], trained, elapsed

@@ -457,11 +457,15 @@ def train(
             f"run folder {run_path} is an existing file, not a folder; "
             "choose another --run-dir (a new or an existing folder)"
         )
+    if resume and not run_path.is_dir():
+        load_latest_checkpoint(run_path)  # raises: nothing to resume (and nothing is created)
     created = not run_path.exists()
+    lock_file = run_path / run_lock.LOCK_NAME
+    lock_existed = lock_file.exists()
     # One process per run folder (rank 0 writes for all ranks): a second
     # `train` into it, fresh or resumed, stops here with the holder's name.
     lock = (
-        run_lock.hold(run_path / run_lock.LOCK_NAME, what=f"run folder {run_path}")
+        run_lock.hold(lock_file, what=f"run folder {run_path}")
         if ctx.is_main
         else contextlib.nullcontext()
     )
@@ -484,8 +488,11 @@ def train(
         except BaseException:
             # A run that failed before its first checkpoint (bad data path, ...)
             # leaves no half-made folder behind when this call created it.
-            if created and ctx.is_main and not ckpt_file.exists():
-                shutil.rmtree(run_path, ignore_errors=True)
+            if ctx.is_main and not ckpt_file.exists():
+                if created:
+                    shutil.rmtree(run_path, ignore_errors=True)
+                elif not lock_existed:  # e.g. `--resume` of a folder that holds no run
+                    lock_file.unlink(missing_ok=True)
             raise
 
 
