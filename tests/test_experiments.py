@@ -254,10 +254,18 @@ def test_a_page_says_when_its_runs_come_from_several_kernel_sets() -> None:
     """Runs reused from another machine are not bit-comparable: the page names the mix."""
     here, there = numerics("cpu"), "torch 2.13.0+cpu, CPU Other, AVX2 kernels"
     runs = [RunOutcome(key=f"r{i}", config={}, ok=True, numerics=here) for i in range(3)]
-    assert _numerics_line(runs) == f"- numerics: every run on {here}"
-    mixed = [*runs, RunOutcome(key="old", config={}, ok=True, numerics=there)]
-    mixed.append(RunOutcome(key="older", config={}, ok=True))  # stored before it was recorded
+    shown_twice = [*runs, runs[0]]  # one run in two cells counts once
+    assert _numerics_line(shown_twice) == f"- numerics: every run on {here}"
+    old = RunOutcome(key="old", config={}, ok=True)  # stored before the field existed
+    assert _numerics_line([*runs, old]) == (
+        f"- numerics: 3 runs on {here}; 1 run(s) stored before feather-sparse recorded it"
+    )
+    assert _numerics_line([old]) == (
+        "- numerics: not recorded (1 run(s) stored before feather-sparse recorded it)"
+    )
+    assert _numerics_line([]) == "- numerics: no run finished"
+    mixed = [*shown_twice, RunOutcome(key="b", config={}, ok=True, numerics=there), old]
     line = _numerics_line(mixed)
-    assert line.startswith("- **numerics: the runs come from 3 floating-point environments**")
-    assert f"3 × {here}; 1 × {there}; 1 × not recorded (an older run)" in line
+    assert line.startswith("- **numerics: the runs come from 2 floating-point environments**")
+    assert f"(3 × {here}; 1 × {there}; 1 run(s) stored before" in line
     assert "bit-comparable only within one" in line

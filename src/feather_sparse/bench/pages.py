@@ -307,22 +307,31 @@ def _footer(ctx: Context) -> str:
 
 
 def _numerics_line(outcomes: Sequence[RunOutcome]) -> str:
-    """Which floating-point environments trained the runs (bold when more than one).
+    """Which floating-point environments trained the page's runs (bold when more than one).
 
     A seed's run is bit-reproducible only within one environment (see
     :mod:`feather_sparse.provenance`): a page whose runs come from several,
     e.g. a runs folder reused on another machine, pairs runs that differ by
-    more than the method.
+    more than the method. Each run counts once, however many cells show it;
+    runs stored before the environment was recorded are counted apart.
     """
-    counts = Counter(o.numerics or "not recorded (an older run)" for o in outcomes)
-    if len(counts) <= 1:
-        only = next(iter(counts), "no run finished")
-        return f"- numerics: every run on {only}"
+    runs = {o.key: o for o in outcomes}.values()
+    if not runs:
+        return "- numerics: no run finished"
+    counts = Counter(o.numerics for o in runs if o.numerics)
+    unknown = sum(1 for o in runs if not o.numerics)
+    older = f"{unknown} run(s) stored before feather-sparse recorded it" if unknown else ""
+    if not counts:
+        return f"- numerics: not recorded ({older})"
+    if len(counts) == 1:
+        (only,) = counts
+        where = f"every run on {only}" if not unknown else f"{counts[only]} runs on {only}"
+        return f"- numerics: {where}" + (f"; {older}" if older else "")
     parts = "; ".join(f"{n} × {name}" for name, n in counts.most_common())
     return (
         f"- **numerics: the runs come from {len(counts)} floating-point environments** "
-        f"({parts}); a seed's runs are bit-comparable only within one, so a paired "
-        "difference across them includes the machine's noise"
+        f"({parts}{'; ' + older if older else ''}); a seed's runs are bit-comparable only "
+        "within one, so a paired difference across them includes the machine's noise"
     )
 
 
