@@ -102,6 +102,39 @@ def test_tied_weights_resume_and_remove() -> None:
     assert len(again.tied) == 2
 
 
+class Twice(nn.Module):
+    """One Linear registered under two names (applied twice)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = self.a
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+@guard(
+    "one layer registered under two names (`self.b = self.a`)",
+    "pruned once; `dense_state_dict()` has plain keys under both names, loadable into a new model",
+)
+@pytest.mark.parametrize("pruned", [False, True])
+def test_a_layer_under_two_names_gives_plain_keys_under_both(pruned: bool) -> None:
+    torch.manual_seed(0)
+    model = Twice()
+    pruner = fs.Pruner(model, 0.5, total_steps=4, schedule="constant")
+    assert [t.name for t in pruner.targets] == ["a"]
+    state = pruner.dense_state_dict(pruned=pruned)
+    assert sorted(state) == ["a.bias", "a.weight", "b.bias", "b.weight"]
+    fresh = Twice()
+    fresh.load_state_dict(state)  # strict: every key plain
+    x = torch.randn(4, 8)
+    if pruned:
+        assert torch.equal(fresh(x), model(x))
+    else:
+        assert torch.equal(fresh.a.weight, pruner.weights()[0])
+
+
 @guard(
     "an excluded layer shares its weight with a pruned one",
     "`ValueError` naming both layers: exclude both or neither; the model is untouched",

@@ -828,8 +828,13 @@ class Pruner:
                 in tensors of their own (editing them changes nothing in the model).
         """
         self._check_attached()
+        # Every name of every parametrized module: state_dict lists a module
+        # registered under two names twice (named_modules lists it once).
+        layers = {id(t.module): t for t in self.parametrized_layers()}
         remap = {
-            _join(t.name, "parametrizations.weight.original"): t for t in self.parametrized_layers()
+            _join(name, "parametrizations.weight.original"): PruneTarget(name, module)
+            for name, module in self.model.named_modules(remove_duplicate=False)
+            if id(module) in layers
         }
         out: dict[str, Tensor] = {}
         for key, value in self.model.state_dict().items():
@@ -840,7 +845,8 @@ class Pruner:
             plain = _join(t.name, "weight")
             if pruned:
                 # a tensor of its own: the forward may be a view of a cache (nm.fused)
-                pruned_value = distributed.on_local_shard(self._parametrization(t), value)
+                param = self._parametrization(layers[id(t.module)])
+                pruned_value = distributed.on_local_shard(param, value)
                 out[plain] = pruned_value.detach().clone()
             else:
                 out[plain] = value
