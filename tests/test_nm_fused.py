@@ -356,11 +356,19 @@ def test_finalize_releases_the_cache_and_keeps_the_pattern(monkeypatch: pytest.M
     train(model, pr, 2)
     cache = pr.backbone._fused
     assert cache is not None and cache._entries
+    model(torch.randn(2, 16))  # the fused pass: the pruned weights are views of one buffer
+    pruned = {k: v.clone() for k, v in pr.dense_state_dict(pruned=True).items()}
     pr.finalize()
     assert not cache._entries
-    for layer in (model[0], model[2], model[4]):
+    for i, layer in enumerate((model[0], model[2], model[4])):
         counts = (layer.weight.reshape(-1, 4) != 0).sum(1)
         assert int(counts.max()) <= 2
+        # a storage of its own (torch.save of one layer writes that layer), same values
+        weight = layer.weight
+        assert weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
+        assert same_bits(weight, pruned[f"{2 * i}.weight"])
+    ptrs = {layer.weight.untyped_storage().data_ptr() for layer in (model[0], model[2], model[4])}
+    assert len(ptrs) == 3
 
 
 def test_same_bits_tells_nan_and_signed_zero_apart() -> None:

@@ -777,6 +777,12 @@ class Pruner:
             parametrize.remove_parametrizations(alias.module, "weight", leave_parametrized=False)
         for t in self.targets:
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=True)
+            # The N:M pass of small layers computes them into one buffer, and the
+            # baked weight is a view of it: give each weight storage of its own, so
+            # that saving or moving one layer carries that layer alone.
+            weight = t.module.weight
+            if weight.untyped_storage().nbytes() != weight.numel() * weight.element_size():
+                weight.data = weight.data.clone()
         self._finished = True
         self.backbone.release()
         weights, group = self._local_weights()
