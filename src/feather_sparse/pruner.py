@@ -780,7 +780,7 @@ class Pruner:
             # The N:M pass of small layers computes them into one buffer, and the
             # baked weight is a view of it: give each weight storage of its own, so
             # that saving or moving one layer carries that layer alone.
-            weight = t.module.weight
+            weight = t.weight
             if weight.untyped_storage().nbytes() != weight.numel() * weight.element_size():
                 weight.data = weight.data.clone()
         self._finished = True
