@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from _dist import launch
 from _guards import guard
 from _helpers import tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli, run_lock
@@ -198,3 +200,20 @@ def test_a_forked_child_does_not_keep_the_lock(tmp_path: Path) -> None:
     finally:
         os.kill(child, 9)
         os.waitpid(child, 0)
+
+
+def _train_busy_folder(rank: int, world: int, run: str) -> str:
+    try:
+        train(tiny_config(SMALL, epochs=1), Path(run), progress=False)
+    except run_lock.RunInUseError as err:
+        return f"refused: {err}"
+    return "trained"
+
+
+def test_every_rank_of_a_distributed_run_is_told_the_folder_is_busy(tmp_path: Path) -> None:
+    """Rank 0 takes the lock; a refusal reaches every rank at once, none waits in a collective."""
+    run = tmp_path / "run"
+    with run_lock.hold(run / run_lock.LOCK_NAME, what="the other training"):
+        results = launch(functools.partial(_train_busy_folder, run=str(run)), 2)
+    assert all(r.startswith(f"refused: run folder {run} is in use by process ") for r in results)
+    assert sorted(p.name for p in run.iterdir()) == [run_lock.LOCK_NAME]

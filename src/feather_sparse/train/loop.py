@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -464,12 +464,7 @@ def train(
     lock_existed = lock_file.exists()
     # One process per run folder (rank 0 writes for all ranks): a second
     # `train` into it, fresh or resumed, stops here with the holder's name.
-    lock = (
-        run_lock.hold(lock_file, what=f"run folder {run_path}")
-        if ctx.is_main
-        else contextlib.nullcontext()
-    )
-    with lock:
+    with _run_folder_lock(lock_file, f"run folder {run_path}", ctx):
         ckpt_file = checkpoint_path(run_path)
         try:
             return _train_locked(
@@ -494,6 +489,29 @@ def train(
                 elif not lock_existed:  # e.g. `--resume` of a folder that holds no run
                     lock_file.unlink(missing_ok=True)
             raise
+
+
+@contextlib.contextmanager
+def _run_folder_lock(lock_file: Path, what: str, ctx: DistContext) -> Iterator[None]:
+    """Rank 0 holds the run folder's lock; every rank learns whether it got it.
+
+    A refusal reaches all ranks as the same :class:`~feather_sparse.run_lock.RunInUseError`,
+    instead of leaving the other ranks waiting in a collective for rank 0.
+    """
+    with contextlib.ExitStack() as stack:
+        refused: str | None = None
+        if ctx.is_main:
+            try:
+                stack.enter_context(run_lock.hold(lock_file, what=what))
+            except run_lock.RunInUseError as err:
+                refused = str(err)
+        if ctx.world_size > 1:
+            box = [refused]
+            torch.distributed.broadcast_object_list(box, src=0)
+            refused = box[0]
+        if refused is not None:
+            raise run_lock.RunInUseError(refused)
+        yield
 
 
 def _train_locked(
