@@ -35,6 +35,7 @@ import argparse
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -138,8 +139,12 @@ def run(
     batch: int = 32,
     seed: int = 0,
     pattern: str | None = None,
+    p: float | None = None,
 ) -> Result:
-    """Train and prune (to ``sparsity`` or an N:M ``pattern``); returns what the script prints."""
+    """Train and prune (to ``sparsity`` or an N:M ``pattern``); returns what the script prints.
+
+    ``p`` is the operator's power (None: the default, 3; 1 is the soft threshold).
+    """
     torch.manual_seed(seed)
     cfg = Config()
     model = TinyGPT(cfg)
@@ -149,7 +154,9 @@ def run(
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     # An N:M pattern implies its sparsity (2:4 prunes half): pass one or the other.
-    target = {"pattern": pattern} if pattern else {"sparsity": sparsity}
+    target: dict[str, Any] = {"pattern": pattern} if pattern else {"sparsity": sparsity}
+    if p is not None:
+        target["p"] = p
     pruner = fs.Pruner(
         model,
         **target,
@@ -200,10 +207,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps (200)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--p", type=float, default=None, help="operator power (default 3; 1 is the soft threshold)"
+    )
+    parser.add_argument(
         "--pattern", default=None, help="train to an N:M pattern instead, e.g. 2:4 (implies 0.5)"
     )
     args = parser.parse_args(argv)
-    result = run(args.sparsity, args.steps, seed=args.seed, pattern=args.pattern)
+    result = run(args.sparsity, args.steps, seed=args.seed, pattern=args.pattern, p=args.p)
     print(result.report.table())
     target = args.pattern or f"{args.sparsity:.0%}"
     print(
