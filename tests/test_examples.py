@@ -77,6 +77,24 @@ def test_prune_transformer_script_with_a_pattern_checks_and_sizes_it(
     assert "every group of 4 holds at most 1 nonzeros" in out and "(0.281)" in out
 
 
+def test_prune_transformer_takes_the_operator_power(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--p 1`` reaches the Pruner (the soft threshold) and trains another model than p = 3."""
+    example = load("prune_transformer")
+    seen: list[float] = []
+    real = example.fs.Pruner
+
+    def spy(*args: object, **kwargs: object) -> object:
+        pruner = real(*args, **kwargs)
+        seen.append(pruner.config()["operator"]["p"])
+        return pruner
+
+    monkeypatch.setattr(example.fs, "Pruner", spy)
+    assert example.main(["--steps", "10", "--pattern", "2:4", "--p", "1"]) == 0
+    soft = example.run(pattern="2:4", steps=10, p=1.0).loss_end
+    feather = example.run(pattern="2:4", steps=10).loss_end
+    assert seen == [1.0, 1.0, 3.0] and soft != feather
+
+
 def test_nm_summary_refuses_a_broken_pattern() -> None:
     example = load("prune_transformer")
     model = example.TinyGPT(example.Config())  # dense: groups of 4 hold 4 nonzeros
