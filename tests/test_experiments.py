@@ -18,6 +18,7 @@ import pytest
 
 from feather_sparse import cli
 from feather_sparse.bench.pages import Context, _footer, _numerics_line, finite_curve
+from feather_sparse.bench.runner import _warn_foreign
 from feather_sparse.experiments import (
     COMPARE_METHODS,
     EXPERIMENTS,
@@ -269,3 +270,27 @@ def test_a_page_says_when_its_runs_come_from_several_kernel_sets() -> None:
     assert line.startswith("- **numerics: the runs come from 2 floating-point environments**")
     assert f"(3 × {here}; 1 × {there}; 1 run(s) stored before" in line
     assert "bit-comparable only within one" in line
+
+
+def test_reusing_runs_of_another_kernel_set_is_said_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The sweep warns, before training, that reused runs were trained elsewhere."""
+    here, there = numerics("cpu"), "torch 2.13.0+cpu, CPU Other, AVX2 kernels"
+    cpu = {"device": "cpu"}
+    stored = [
+        RunOutcome(key="a", config=cpu, ok=True, numerics=here),
+        RunOutcome(key="b", config=cpu, ok=True, numerics=there),
+        RunOutcome(key="c", config=cpu, ok=True, numerics=there),
+        RunOutcome(key="d", config=cpu, ok=True),  # not recorded: nothing to say
+    ]
+    with caplog.at_level("WARNING", logger="feather_sparse"):
+        _warn_foreign(stored)
+    (record,) = caplog.records
+    assert record.getMessage().startswith(
+        f"2 reused run(s) were trained on {there}, not on this machine's {here}"
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="feather_sparse"):
+        _warn_foreign(stored[:1] + stored[3:])
+    assert not caplog.records

@@ -18,7 +18,8 @@ import multiprocessing
 import shutil
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,9 @@ from feather_sparse.data import DATASETS, load_dataset
 from feather_sparse.integrity import read_sealed_json, write_sealed_json
 from feather_sparse.methods import METHODS, pruner_config
 from feather_sparse.models import create_model, list_models
+from feather_sparse.provenance import numerics
 from feather_sparse.recipes import TrainConfig, load_config
+from feather_sparse.train.dist import resolve_device
 from feather_sparse.train.run_dir import read_run_info
 
 __all__ = [
@@ -439,6 +442,32 @@ def plan_runs(opts: BenchOptions, specs: Sequence[RunSpec]) -> RunPlan:
     return RunPlan(tuple(keys), stored, todo)
 
 
+def _warn_foreign(stored: Iterable[RunOutcome]) -> None:
+    """Say when reused runs were trained on another floating-point environment than this one.
+
+    They are reused as they are (the results page counts them in its
+    numerics line); a run trained here from the same seed would differ.
+    """
+    foreign: Counter[tuple[str, str]] = Counter()
+    for outcome in stored:
+        if not outcome.numerics:
+            continue
+        try:
+            here = numerics(resolve_device(str(outcome.config.get("device", "auto"))))
+        except ValueError:  # its device is not here (CUDA): it cannot be this environment
+            here = "a machine without its device"
+        if outcome.numerics != here:
+            foreign[outcome.numerics, here] += 1
+    for (where, here), count in foreign.items():
+        logger.warning(
+            "%d reused run(s) were trained on %s, not on this machine's %s: a run trained "
+            "here from the same seed would differ in its bits (--force trains them again here)",
+            count,
+            where,
+            here,
+        )
+
+
 # ======================================================================= pool
 ProgressFn = Callable[[int, int, RunSpec, RunOutcome], None]
 
@@ -470,6 +499,7 @@ def execute_runs(
     started = time.perf_counter()
     workers = min(opts.worker_count(), max(1, total))
     logger.info("%d runs to train (%d reused), %d process(es)", total, len(outcomes), workers)
+    _warn_foreign(plan.stored.values())
 
     trained = 0  # those that another process trained meanwhile are reused, not trained
 
