@@ -234,6 +234,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _remove_if_writer_gone(stale: Path, pid: str) -> None:
+    """Remove the temporary file ``stale`` unless its writer ``pid`` is this or a live process."""
+    if pid.isdigit() and (int(pid) == os.getpid() or _pid_alive(int(pid))):
+        return
+    with contextlib.suppress(OSError):
+        stale.unlink()
+        logger.info("removed %s, left by a writer that was killed", stale)
+
+
 def remove_stale_temps(path: Path) -> None:
     """Remove the temporary files that writers of ``path`` left when they were killed.
 
@@ -242,12 +251,7 @@ def remove_stale_temps(path: Path) -> None:
     """
     prefix = f".{path.name}."
     for stale in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
-        pid = stale.name[len(prefix) :].split(".")[0]
-        if pid.isdigit() and (int(pid) == os.getpid() or _pid_alive(int(pid))):
-            continue
-        with contextlib.suppress(OSError):
-            stale.unlink()
-            logger.info("removed %s, left by a writer that was killed", stale)
+        _remove_if_writer_gone(stale, stale.name[len(prefix) :].split(".")[0])
 
 
 def remove_stale_temps_in(folder: Path) -> None:
@@ -258,12 +262,7 @@ def remove_stale_temps_in(folder: Path) -> None:
     """
     for stale in folder.glob(".*.tmp") if folder.is_dir() else ():
         parts = stale.name.split(".")  # "", <target...>, <pid>, <random>, "tmp"
-        pid = parts[-3] if len(parts) >= 5 else ""
-        if pid.isdigit() and (int(pid) == os.getpid() or _pid_alive(int(pid))):
-            continue
-        with contextlib.suppress(OSError):
-            stale.unlink()
-            logger.info("removed %s, left by a writer that was killed", stale)
+        _remove_if_writer_gone(stale, parts[-3] if len(parts) >= 5 else "")
 
 
 def _fsync_dir(folder: Path) -> None:
