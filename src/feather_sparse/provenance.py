@@ -15,6 +15,7 @@ or resumed as if they were the same.
 
 from __future__ import annotations
 
+import functools
 import platform
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import torch
 __all__ = ["cpu_model", "numerics"]
 
 
+@functools.cache  # read once: every checkpoint and every reused bench run asks
 def cpu_model() -> str:
     """The processor's model name (``/proc/cpuinfo``), else what :mod:`platform` says."""
     try:
