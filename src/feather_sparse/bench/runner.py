@@ -514,13 +514,13 @@ def execute_runs(
 
     if total:
         root.mkdir(parents=True, exist_ok=True)
+    reuse = not opts.force  # a result another sweep stored meanwhile
     if workers <= 1:
         for key, cfg in todo.items():
-            finished(_execute(cfg, str(root / key), not opts.force))
+            finished(_execute(cfg, str(root / key), reuse))
     elif total:
         context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
         with futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            reuse = not opts.force
             pending = [pool.submit(_execute, cfg, str(root / k), reuse) for k, cfg in todo.items()]
             try:
                 for fut in futures.as_completed(pending):
