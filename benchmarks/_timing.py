@@ -7,6 +7,7 @@ interleaved round-robin so that a slow patch hits all of them alike.
 
 from __future__ import annotations
 
+import argparse
 import platform
 import statistics
 import time
@@ -19,18 +20,59 @@ from torch import nn
 import feather_sparse
 
 
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device``: where the timed tensors live (``cpu`` by default, or ``cuda``)."""
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default) or cuda / cuda:N; on a GPU every timing waits for the device",
+    )
+
+
+def resolve_device(name: str) -> torch.device:
+    """The ``--device`` argument as a device, or exit with a message saying what is missing."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SystemExit(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            f"--device {name}: this torch ({torch.__version__}) sees no CUDA device; "
+            "run on a machine with an NVIDIA GPU and a CUDA build of torch, or use --device cpu"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device {name}: only cpu and cuda are timed here")
+    return device
+
+
 def compare(
-    fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2
+    fns: dict[str, Callable[[], object]],
+    repeats: int = 7,
+    warmup: int = 2,
+    device: torch.device | None = None,
 ) -> dict[str, float]:
-    """Median seconds of each function, measured interleaved."""
+    """Median seconds of each function, measured interleaved. On a CUDA ``device``
+    each timing starts and ends with the device idle, so that it counts the
+    kernels a call queued and not only their launch."""
+    if device is not None and device.type == "cuda":
+
+        def sync() -> None:
+            torch.cuda.synchronize(device)
+    else:
+
+        def sync() -> None:
+            pass
+
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            sync()
             start = time.perf_counter()
             fn()
+            sync()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
@@ -60,11 +102,15 @@ def train_step(
     return step
 
 
-def machine() -> str:
-    """One line naming the software and hardware the numbers come from."""
+def machine(device: torch.device | None = None) -> str:
+    """One line naming the software and hardware the numbers come from (the GPU
+    too, with its CUDA version, when ``device`` is one)."""
     threads = torch.get_num_threads()
     cpu = platform.processor() or platform.machine()
-    return (
+    line = (
         f"feather-sparse {feather_sparse.__version__}, torch {torch.__version__}, "
         f"Python {platform.python_version()}, {cpu}, {threads} threads"
     )
+    if device is not None and device.type == "cuda":
+        line += f", GPU {torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    return line

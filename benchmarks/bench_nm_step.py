@@ -1,4 +1,4 @@
-"""One CPU training step with the N:M Pruner vs the dense model, side by side.
+"""One training step with the N:M Pruner vs the dense model, side by side (CPU or CUDA).
 
 Models: the bundled CNN (``mnist1d_cnn``, batch 128, its 5-wide first conv
 left dense) and the Linear-heavy ``mnist1d_mlpmixer`` (batch 128). Variants:
@@ -12,7 +12,7 @@ the cached N:M forward is computed once per step instead of once per
 micro-batch.
 
     python benchmarks/bench_nm_step.py [--models mnist1d_cnn mnist1d_mlpmixer]
-        [--micro 1 4] [--repeats 21] [--floors] [--compile]
+        [--micro 1 4] [--repeats 21] [--floors] [--compile] [--device cuda]
 
 ``--floors`` adds reference steps on the same layers: the hard N:M mask
 (p = ∞); the 2:4 Pruner with its operator replaced by a copy (the cost of
@@ -35,7 +35,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 import feather_sparse as fs
-from _timing import compare, machine, train_step
+from _timing import add_device_argument, compare, machine, resolve_device, train_step
 from feather_sparse.nm import fused, operator
 from feather_sparse.nm.operator import NMPattern
 
@@ -43,6 +43,8 @@ BATCH = 128
 T = TypeVar("T")
 #: Layers of each model that an N:M pattern cannot take (reduction dim not a multiple of 4).
 EXCLUDE = {"mnist1d_cnn": ["features.0"], "mnist1d_mlpmixer": []}
+#: Where the models and the batch live (``--device``).
+DEVICE = torch.device("cpu")
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +52,7 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(BATCH, 1, 40, generator=g)
     y = torch.randint(0, 10, (BATCH,), generator=g)
-    return x, y
+    return x.to(DEVICE), y.to(DEVICE)
 
 
 def make_step(model: nn.Module, pruner: fs.Pruner | None, micro: int) -> Callable[[], None]:
@@ -70,9 +72,9 @@ def layer_by_layer() -> Iterator[None]:
 
 
 def fresh(name: str) -> nn.Module:
-    """The bundled model ``name``, initialised from seed 0 (the same weights every call)."""
+    """The bundled model ``name`` on ``DEVICE``, from seed 0 (the same weights every call)."""
     torch.manual_seed(0)
-    return fs.create_model(name)
+    return fs.create_model(name).to(DEVICE)
 
 
 def copy_forward(
@@ -80,7 +82,7 @@ def copy_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stands in for the N:M forward: a copy of ``w`` and zero thresholds (no arithmetic)."""
     x = w.detach().reshape(-1, pattern.m)
-    return x.clone().reshape(w.shape), torch.zeros(x.shape[0], 1)
+    return x.clone().reshape(w.shape), torch.zeros(x.shape[0], 1, device=w.device)
 
 
 def copying(step: Callable[[], T]) -> Callable[[], T]:
@@ -182,8 +184,11 @@ def main() -> None:
         help="also time reference steps: the hard mask (p=inf), the operator replaced by a copy, "
         "a w*1 parametrization and an identity parametrization",
     )
+    add_device_argument(parser)
     args = parser.parse_args()
-    print(machine())
+    global DEVICE
+    DEVICE = resolve_device(args.device)
+    print(machine(DEVICE))
     print()
     print("| model | micro-batches | variant | median step (ms) | × dense |")
     print("|---|---:|---|---:|---:|")
@@ -194,7 +199,7 @@ def main() -> None:
                 steps |= floors(name, micro)
             if args.compile:
                 steps |= compiled(name, micro)
-            times = compare(steps, repeats=args.repeats, warmup=3)
+            times = compare(steps, repeats=args.repeats, warmup=3, device=DEVICE)
             for variant, t in times.items():
                 base = times["compiled: dense" if variant.startswith("compiled") else "dense"]
                 print(f"| {name} | {micro} | {variant} | {t * 1e3:.2f} | {t / base:.2f} |")

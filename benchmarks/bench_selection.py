@@ -6,7 +6,7 @@ after every weight moved by a small SGD-like step, as between two training
 iterations). The reference concatenates every |w|, sorts, and reads the
 linearly interpolated quantile; ``kthvalue`` on the concatenation is shown too.
 
-    python benchmarks/bench_selection.py [--sizes 1.1 4.2 25.6] [--sparsity 0.9]
+    python benchmarks/bench_selection.py [--sizes 1.1 4.2 25.6] [--sparsity 0.9] [--device cuda]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from _timing import compare, machine
+from _timing import add_device_argument, compare, machine, resolve_device
 from feather_sparse.selection import count_at_most, select_threshold
 
 
@@ -46,9 +46,11 @@ def main() -> None:
     parser.add_argument("--sizes", type=float, nargs="+", default=[1.1, 4.2, 25.6], help="millions")
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--repeats", type=int, default=7)
+    add_device_argument(parser)
     args = parser.parse_args()
+    device = resolve_device(args.device)
     s = args.sparsity
-    print(f"# threshold selection at sparsity {s}; {machine()}\n")
+    print(f"# threshold selection at sparsity {s}; {machine(device)}\n")
     print(
         "| weights | sort quantile (ms) | cat+kthvalue (ms) | ours cold (ms) | ours warm (ms) "
         "| sort / cold | sort / warm | pruned count ours / sort-k |"
@@ -62,7 +64,8 @@ def main() -> None:
         ]
         t_prev = select_threshold(weights, s)
         # a training step moves every weight a little
-        moved = [w + 1e-3 * torch.randn(w.shape, generator=g) for w in weights]
+        moved = [(w + 1e-3 * torch.randn(w.shape, generator=g)).to(device) for w in weights]
+        t_prev = t_prev.to(device)
         times = compare(
             {
                 "sort": lambda: sort_quantile(moved, s),
@@ -71,6 +74,7 @@ def main() -> None:
                 "warm": lambda: select_threshold(moved, s, hint=t_prev),
             },
             repeats=args.repeats,
+            device=device,
         )
         ours = select_threshold(moved, s, hint=t_prev)
         exact = concat_kthvalue(moved, s)

@@ -8,6 +8,7 @@ reference cost this library avoids). All at the final sparsity, so every step
 does the full work.
 
     python benchmarks/bench_train_step.py [--models resnet20 mlp50m] [--repeats 5]
+        [--device cuda]
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
-from _timing import compare, machine, train_step
+from _timing import add_device_argument, compare, machine, resolve_device, train_step
 
 
 class SortEveryStep(fs.Backbone):
@@ -69,18 +70,21 @@ def main() -> None:
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-sort-reference", action="store_true", help="skip the slow reference")
+    add_device_argument(parser)
     args = parser.parse_args()
+    device = resolve_device(args.device)
     print(
         "# one training step (forward, backward, SGD, pruner.step) "
-        f"at sparsity {args.sparsity}; {machine()}\n"
+        f"at sparsity {args.sparsity}; {machine(device)}\n"
     )
     print("| model | weights | dense (ms) | Feather θ=1 | Feather θ=0.5 | sort every step |")
     print("|---|---:|---:|---:|---:|---:|")
     for name in args.models:
         build, x, y = setup(name)
+        x, y = x.to(device), y.to(device)
         steps: dict[str, Callable[[], None]] = {}
         torch.manual_seed(0)
-        steps["dense"] = train_step(build(), None, x, y)
+        steps["dense"] = train_step(build().to(device), None, x, y)
         for label, theta, backbone in (
             ("theta1", 1.0, "global"),
             ("theta05", 0.5, "global"),
@@ -89,7 +93,7 @@ def main() -> None:
             if label == "sort" and args.no_sort_reference:
                 continue
             torch.manual_seed(0)
-            model = build()
+            model = build().to(device)
             pruner = fs.Pruner(
                 model,
                 args.sparsity,
@@ -99,7 +103,7 @@ def main() -> None:
                 schedule="constant",
             )
             steps[label] = train_step(model, pruner, x, y)
-        times = compare(steps, repeats=args.repeats, warmup=1)
+        times = compare(steps, repeats=args.repeats, warmup=1, device=device)
         n = sum(
             p.numel()
             for m in [build()]

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Everything this project measures on a CUDA GPU, in one command that ends
+# inside ten minutes: the gpu-marked tests, then the GPU timings (a 2:4
+# semi-structured Linear vs dense, a training step vs dense, threshold
+# selection, the N:M step on the bundled models). Each part has its own time
+# limit and exit status; a failing part does not stop the others. Results go
+# to $OUT (one file a part, plus summary.txt), or to a new temporary folder.
+#
+#     bash benchmarks/gpu_runbook.sh            # from the repository root
+#
+# Without a CUDA device it says so, writes env.txt and exits 1.
+# Python packages the GPU machine lacks can be carried as wheels in .whl/
+# (installed into /tmp/site first); the library itself is used from src/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+
+{
+  date -u
+  git rev-parse HEAD 2>/dev/null || echo "commit: unknown"
+  nvidia-smi 2>&1 || echo "nvidia-smi: not found"
+  "$PY" - <<'EOF'
+import platform
+import torch
+print(f"Python {platform.python_version()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"GPU 0: {p.name}, capability {p.major}.{p.minor}, {p.total_memory / 2**30:.1f} GiB")
+EOF
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu_runbook: this torch sees no CUDA device; run it on a machine with an NVIDIA GPU" >&2
+  exit 1
+fi
+
+summary="$OUT/summary.txt"
+: >"$summary"
+part() {  # part NAME SECONDS COMMAND...: run with a time limit, output to $OUT/NAME
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name: $*"
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name" 2>&1
+  local rc=$?
+  tail -n 40 "$OUT/$name"
+  echo "$name: exit $rc in $((SECONDS - start)) s (limit $limit s): $*" | tee -a "$summary"
+}
+
+# the tests that need CUDA: every gpu-marked test (the CPU suite runs in CI)
+part gpu-tests.log 200 "$PY" -m pytest -p no:cacheprovider -q -m gpu -rs \
+  $(grep -l "mark.gpu\|marks=pytest.mark.gpu" tests/test_*.py)
+part nm-linear.md 90 "$PY" benchmarks/bench_nm_linear_gpu.py --dtype float16
+part train-step.md 120 "$PY" benchmarks/bench_train_step.py --device cuda --repeats 11
+part selection.md 60 "$PY" benchmarks/bench_selection.py --device cuda --sizes 1.1 25.6 100
+part nm-step.md 60 "$PY" benchmarks/bench_nm_step.py --device cuda --micro 1 --repeats 21
+cat "$summary"
+! grep -qv ": exit 0 in" "$summary"

@@ -1,0 +1,136 @@
+"""The GPU runbook (``benchmarks/gpu_runbook.sh``) and the benchmarks' ``--device`` option.
+
+No session has had a GPU yet, so the runbook's plumbing is checked here with a
+stand-in Python that pretends a CUDA device is present and records what it
+was asked to run: every part runs, each with its own exit status, and one
+failing part fails the whole without stopping the others.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNBOOK = ROOT / "benchmarks" / "gpu_runbook.sh"
+PARTS = ["gpu-tests.log", "nm-linear.md", "train-step.md", "selection.md", "nm-step.md"]
+
+
+def run_runbook(out: Path, python: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(RUNBOOK)],
+        env={**os.environ, "OUT": str(out), "PYTHON": python, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the message shown without CUDA")
+def test_without_cuda_the_runbook_says_so_and_fails(tmp_path: Path) -> None:
+    done = run_runbook(tmp_path, sys.executable)
+    assert done.returncode == 1
+    assert "sees no CUDA device" in done.stderr
+    assert f"torch {torch.__version__}, CUDA None" in (tmp_path / "env.txt").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env.txt"]
+
+
+def stand_in_python(tmp_path: Path, fail: str = "") -> Path:
+    """An executable that exits 0 (a CUDA device "present"), logs its arguments, and
+    exits 3 when they contain ``fail``."""
+    script = tmp_path / "python3"
+    script.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$*" >> "{tmp_path}/calls"\n'
+        f'if [ -n "{fail}" ] && [[ "$*" == *"{fail}"* ]]; then echo broken; exit 3; fi\n'
+        "echo ok\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def test_every_part_runs_with_its_own_status(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_runbook(out, str(stand_in_python(tmp_path)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted([*PARTS, "env.txt", "summary.txt"])
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in summary] == PARTS
+    assert all(": exit 0 in " in line for line in summary)
+    calls = (tmp_path / "calls").read_text()
+    assert "-m pytest -p no:cacheprovider -q -m gpu" in calls
+    assert "tests/test_nm_devices.py" in calls  # the gpu-marked files are found, not listed
+    for script in ("bench_train_step.py", "bench_selection.py", "bench_nm_step.py"):
+        assert f"benchmarks/{script} --device cuda" in calls
+
+
+def test_a_failing_part_fails_the_runbook_and_the_rest_still_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_runbook(out, str(stand_in_python(tmp_path, fail="bench_train_step")))
+    assert done.returncode == 1
+    summary = (out / "summary.txt").read_text()
+    assert "train-step.md: exit 3 in" in summary
+    assert "nm-step.md: exit 0 in" in summary  # the parts after it ran
+    assert (out / "train-step.md").read_text().strip() == "broken"
+
+
+@pytest.fixture(scope="module")
+def timing() -> Iterator[ModuleType]:
+    path = ROOT / "benchmarks" / "_timing.py"
+    spec = importlib.util.spec_from_file_location("_timing_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+
+
+def test_device_argument_errors_name_the_fix(timing: ModuleType) -> None:
+    with pytest.raises(SystemExit, match=r"'tpu' is not a device; use cpu, cuda"):
+        timing.resolve_device("tpu")
+    with pytest.raises(SystemExit, match=r"only cpu and cuda are timed"):
+        timing.resolve_device("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match=r"sees no CUDA device.*--device cpu"):
+            timing.resolve_device("cuda")
+    assert timing.resolve_device("cpu") == torch.device("cpu")
+
+
+def test_compare_times_each_function_on_the_device(timing: ModuleType) -> None:
+    calls = {"a": 0, "b": 0}
+
+    def bump(name: str) -> None:
+        calls[name] += 1
+
+    times = timing.compare(
+        {"a": lambda: bump("a"), "b": lambda: bump("b")},
+        repeats=3,
+        warmup=1,
+        device=torch.device("cpu"),
+    )
+    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
+    assert calls == {"a": 4, "b": 4}
+    assert "threads" in timing.machine(torch.device("cpu"))
+
+
+def test_selection_benchmark_runs_on_the_named_device(tmp_path: Path) -> None:
+    script = ROOT / "benchmarks" / "bench_selection.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--sizes", "0.02", "--repeats", "1", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    row = done.stdout.strip().splitlines()[-1]
+    assert row.startswith("| 0.02M |")
+    ours, sort_k = row.rsplit("|", 2)[-2].split("/")
+    assert ours.strip() == sort_k.strip()  # the selected threshold prunes exactly k
