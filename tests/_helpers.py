@@ -3,9 +3,12 @@ and their resumption."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -29,6 +32,21 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@contextmanager
+def script_module(path: Path, name: str) -> Iterator[ModuleType]:
+    """The Python file ``path`` (a benchmark script, say) imported as module ``name``,
+    registered in ``sys.modules`` while in use (dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[name]
 
 
 def conv1d_net(seed: int = 0, hidden: int = 32) -> nn.Module:

@@ -6,10 +6,8 @@ figures for the docs) on few cases here and on many under ``-m slow``.
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +16,7 @@ import pytest
 import torch
 
 from _guards import guard
+from _helpers import script_module
 from feather_sparse import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,14 +26,8 @@ pytest.importorskip("safetensors")
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    path = ROOT / "benchmarks" / "bench_faults_export.py"
-    spec = importlib.util.spec_from_file_location("bench_faults_export", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with script_module(ROOT / "benchmarks" / "bench_faults_export.py", "bench_faults_export") as m:
+        yield m
 
 
 @pytest.fixture

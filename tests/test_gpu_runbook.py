@@ -8,7 +8,6 @@ failing part fails the whole without stopping the others.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from types import ModuleType
 
 import pytest
 import torch
+
+from _helpers import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOK = ROOT / "benchmarks" / "gpu_runbook.sh"
@@ -84,12 +85,8 @@ def test_a_failing_part_fails_the_runbook_and_the_rest_still_run(tmp_path: Path)
 
 @pytest.fixture(scope="module")
 def timing() -> Iterator[ModuleType]:
-    path = ROOT / "benchmarks" / "_timing.py"
-    spec = importlib.util.spec_from_file_location("_timing_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
+    with script_module(ROOT / "benchmarks" / "_timing.py", "_timing_under_test") as module:
+        yield module
 
 
 def test_device_argument_errors_name_the_fix(timing: ModuleType) -> None:
