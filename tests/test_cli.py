@@ -50,8 +50,10 @@ def test_errors_are_one_line_and_exit_1(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"feather-sparse {command}: error: ")
     assert expected in err[0] and "Errno" not in err[0]
-    with pytest.raises(type(error)):  # -vv: the traceback
-        cli.main(["-vv", *ARGV[command]])
+    name, *rest = ARGV[command]
+    for argv in (["-vv", name, *rest], [name, "-vv", *rest], ["-v", name, "-v", *rest]):
+        with pytest.raises(type(error)):  # -vv, before or after the command: the traceback
+            cli.main(argv)
 
 
 def test_train_help_lists_every_registered_choice(

@@ -211,11 +211,40 @@ def _scenario_fsdp2(rank: int, world: int) -> dict[str, Any]:
     out["dense_zeros"] = sum(
         int((v.full_tensor() == 0).sum()) for k, v in dense.items() if k.endswith("weight")
     )
+    # The export of docs/distributed.md: whole tensors into an unsharded copy.
+    whole = pruner.dense_state_dict(pruned=True, full=True)
+    out["whole_plain"] = not any(isinstance(v, DTensor) for v in whole.values())
+    plain = conv1d_net(seed=1)
+    plain.load_state_dict(whole)
+    x_eval, _ = _batch(98, 0)
+    with torch.no_grad():
+        out["exported_out"], out["sharded_out"] = plain(x_eval), model(x_eval)
+    out["with_buffers"] = _fsdp2_export_with_buffers()
     try:
         pruner.finalize()
     except RuntimeError as err:
         out["finalize_error"] = str(err)
     return out
+
+
+def _fsdp2_export_with_buffers() -> dict[str, Any]:
+    """FSDP2 shards parameters but leaves buffers (BatchNorm's statistics) plain."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 4))
+    pruner = fs.Pruner(model, sparsity=0.5, total_steps=1, schedule=ConstantSchedule())
+    fully_shard(model)
+    model(torch.randn(6, 16, generator=torch.Generator().manual_seed(5)))  # moves the statistics
+    whole = pruner.dense_state_dict(pruned=True, full=True)
+    fresh = nn.Sequential(nn.Linear(16, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 4))
+    fresh.load_state_dict(whole)  # strict: every key, every shape
+    return {
+        "running_mean": fresh[1].running_mean.clone(),
+        "batches": int(fresh[1].num_batches_tracked),
+        "zeros": sum(int((fresh[i].weight == 0).sum()) for i in (0, 3)),
+        "numel": pruner.num_params,
+    }
 
 
 def _prunable(model: nn.Module) -> list[nn.Module]:
@@ -417,6 +446,22 @@ def test_fsdp2_masks_survive_sharding(runs: list[dict[str, Any]]) -> None:
         assert out["dense_zeros"] == round(SPARSITY * n)
 
 
+def test_fsdp2_exports_whole_tensors_into_an_unsharded_model(
+    runs: list[dict[str, Any]],
+) -> None:
+    for rank in range(WORLD):
+        out = runs[rank]["fsdp2"]
+        assert out["whole_plain"]
+        torch.testing.assert_close(out["exported_out"], out["sharded_out"])
+        buffers = out["with_buffers"]
+        assert buffers["batches"] == 1 and buffers["running_mean"].abs().sum() > 0
+        assert buffers["zeros"] == round(0.5 * buffers["numel"])
+    assert torch.equal(
+        runs[0]["fsdp2"]["with_buffers"]["running_mean"],
+        runs[1]["fsdp2"]["with_buffers"]["running_mean"],
+    )
+
+
 def test_fsdp2_uniform_backbone_equals_single_process(runs: list[dict[str, Any]]) -> None:
     model = conv1d_net(seed=0)
     pruner = fs.Pruner(model, sparsity=SPARSITY, total_steps=1, backbone="uniform")
@@ -432,7 +477,7 @@ def test_fsdp2_uniform_backbone_equals_single_process(runs: list[dict[str, Any]]
 def test_fsdp2_misuse_is_explained(runs: list[dict[str, Any]]) -> None:
     out = runs[0]["fsdp2"]
     assert "unsharded model first" in out["late_error"]
-    assert "dense_state_dict(pruned=True)" in out["finalize_error"]
+    assert "dense_state_dict(pruned=True, full=True)" in out["finalize_error"]
 
 
 # ---------------------------------------------------------------- single process

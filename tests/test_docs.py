@@ -149,3 +149,39 @@ def test_self_contained_snippets_run(
     with one_thread():
         for i, block in enumerate(blocks):
             exec(compile(block, f"{page}[python block {i}]", "exec"), {"__name__": "__docs__"})
+
+
+def test_training_page_lists_every_config_field_and_choice() -> None:
+    """The table of config fields in docs/training.md names every ``TrainConfig``
+    field, and its method and backbone lists are the registries' names."""
+    import dataclasses
+
+    from feather_sparse.methods import METHODS
+    from feather_sparse.pruner_config import REGISTRIES
+    from feather_sparse.recipes import TrainConfig
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    table = text[text.index("| group | fields |") :].split("\n\n", 1)[0]
+    listed = set(re.findall(r"`(\w+)`", table))
+    assert {f.name for f in dataclasses.fields(TrainConfig)} <= listed
+    for field, names in [
+        ("method", METHODS.names()),
+        *((k, r.names()) for k, r in REGISTRIES.items()),
+    ]:
+        shown = re.search(rf"`{field}` \(([^)]*)\)", table)
+        assert shown is not None, field
+        assert sorted(shown.group(1).split(", ")) == sorted(names), field
+
+
+def test_install_page_lists_every_extra() -> None:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    text = (ROOT / "docs" / "index.md").read_text()
+    table = text[text.index("| extra | for |") :].split("\n\n", 1)[0]
+    assert re.findall(r"^\| `([\w-]+)` \|", table, flags=re.M) == list(extras)

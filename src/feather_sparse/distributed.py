@@ -67,6 +67,16 @@ def to_local(w: Any) -> Tensor:
     return local
 
 
+def full_tensor(w: Tensor) -> Tensor:
+    """A DTensor gathered whole (a collective: every rank of its mesh calls it); any
+    other tensor as it is (FSDP2 leaves buffers plain)."""
+    dtensor = dtensor_type()
+    if dtensor is None or not isinstance(w, dtensor):
+        return w
+    whole: Tensor = w.full_tensor()  # type: ignore[attr-defined]
+    return whole
+
+
 def on_local_shard(fn: Callable[[Tensor], Tensor], w: Tensor) -> Tensor:
     """``fn(w)`` for an elementwise ``fn``; a DTensor's shards are mapped where they lie."""
     dtensor = dtensor_type()
@@ -202,8 +212,8 @@ def check_unsharded(model: nn.Module, weights: Sequence[Tensor], what: str) -> N
     if fsdp_managed(model, weights):
         raise RuntimeError(
             f"{what}() needs unsharded weights, but FSDP2 shards them: take "
-            "pruner.dense_state_dict(pruned=True) (DTensors; .full_tensor() gathers one) and "
-            "load it into an unsharded copy of the model (docs/distributed.md shows how)"
+            "pruner.dense_state_dict(pruned=True, full=True) on every rank (whole tensors) "
+            "and load it into an unsharded copy of the model (docs/distributed.md shows how)"
         )
 
 

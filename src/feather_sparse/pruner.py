@@ -750,10 +750,15 @@ class Pruner:
         objects, and the parametrizations are removed, leaving a plain model
         with exact zeros.
 
+        With ``max_layer_sparsity`` set, the cap may leave fewer zeros than
+        the target asks; the returned sparsity says how many.
+
         Raises:
             RuntimeError: if the Pruner was already finalized or removed, or
                 the weights are sharded by FSDP2 (its modules cannot drop the
-                parametrization; see ``docs/distributed.md`` for the recipe).
+                parametrization; see ``docs/distributed.md`` for the recipe);
+                after baking, if fewer zeros than the target remain without a
+                ``max_layer_sparsity`` cap (an internal error, to report).
             ValueError: for a ``sparsity`` outside [0, 1) (the model is left
                 as it was).
         """
@@ -825,13 +830,17 @@ class Pruner:
 
     # ------------------------------------------------------------------ state
     @torch.no_grad()
-    def dense_state_dict(self, pruned: bool = False) -> dict[str, Tensor]:
+    def dense_state_dict(self, pruned: bool = False, full: bool = False) -> dict[str, Tensor]:
         """The model's ``state_dict`` with plain keys (``conv.weight``), for the dense model.
 
         Args:
             pruned: False gives the stored dense weights (what training
                 continues from); True gives ``P_T(w)``, what the forward uses now,
                 in tensors of their own (editing them changes nothing in the model).
+            full: True gathers every sharded value (an FSDP2 DTensor) into a
+                whole plain tensor, ready to load into an unsharded model; this
+                is then a **collective**: call it on every rank. Values that are
+                not sharded (FSDP2 leaves buffers plain) come as they are.
         """
         self._check_attached()
         # Every name of every parametrized module: state_dict lists a module
@@ -856,6 +865,8 @@ class Pruner:
                 out[plain] = pruned_value.detach().clone()
             else:
                 out[plain] = value
+        if full:
+            out = {key: distributed.full_tensor(value) for key, value in out.items()}
         return out
 
     def config(self) -> dict[str, Any]:

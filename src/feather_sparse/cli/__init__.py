@@ -45,6 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        # also after the command (`feather-sparse train -v`); main adds the two counts
+        p.add_argument(
+            "-v",
+            "--verbose",
+            action="count",
+            default=0,
+            dest="command_verbose",
+            help="more log output (-vv for debug; also accepted before the command)",
+        )
         module.add_arguments(name, p)
     return parser
 
@@ -53,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.verbose += getattr(args, "command_verbose", 0)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if args.command is None:
