@@ -123,6 +123,34 @@ def test_half_precision_values_with_nm_records(tmp_path: Path) -> None:
             torch.testing.assert_close(state[key], expected, rtol=0, atol=0, msg=key)
 
 
+@pytest.mark.parametrize("pattern", ["2:4", None])
+@pytest.mark.parametrize("values", ["fp16", "bf16"])
+def test_kept_values_the_stored_precision_rounds_to_zero_still_load(
+    tmp_path: Path, pattern: str | None, values: str
+) -> None:
+    """A kept weight below the half type's smallest subnormal is stored as +0 (and -0 as
+    -0); the file loads the rounded tensor instead of calling itself corrupted."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64))
+    kwargs = {"pattern": pattern} if pattern else {"sparsity": 0.5, "total_steps": 1}
+    pruner = fs.Pruner(model, **kwargs)  # type: ignore[arg-type]
+    pruner.finalize()
+    with (
+        torch.no_grad()
+    ):  # kept positions of two groups get magnitudes below 2**-25 (fp16) and 1e-40
+        kept = model[0].weight.reshape(-1).nonzero().reshape(-1)[:4]
+        model[0].weight.view(-1)[kept] = torch.tensor([1e-8, -1e-8, 1e-45, 3.0])
+    path = tmp_path / "tiny.fsp"
+    info = save_sparse(model, path, values=values)
+    record = next(r for r in info.tensors if r.name == "0.weight")
+    assert record.nm_pattern == pattern
+    state, _ = load_sparse_state_dict(path)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[values]
+    expected = model[0].weight.detach().to(dtype).float()
+    assert torch.equal(bits(state["0.weight"]), bits(expected))
+    assert record.nnz == int((bits(expected) != 0).sum())
+
+
 def test_files_without_nm_records_are_version_1_and_older_files_still_load(
     tmp_path: Path,
 ) -> None:

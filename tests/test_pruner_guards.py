@@ -19,6 +19,8 @@ from torch.nn.utils import parametrize
 
 import feather_sparse as fs
 from _guards import guard
+from feather_sparse.nm import nm_threshold
+from feather_sparse.pruner_config import PrunerConfig
 
 
 class Tied(nn.Module):
@@ -424,3 +426,37 @@ def test_a_parametrization_removed_outside_the_pruner_is_named() -> None:
     parametrize.remove_parametrizations(model[2], "weight")
     with pytest.raises(RuntimeError, match="layer '2' no longer carries this Pruner's"):
         pruner.step()
+
+
+# ------------------------------------------------------------------ a backbone object, two Pruners
+@guard(
+    "one Backbone object given to two Pruners (or one PrunerConfig holding it, reused)",
+    "`ValueError`: each Pruner needs its own backbone; the second model is left untouched",
+)
+@pytest.mark.parametrize("pattern", [None, "2:4"])
+def test_a_backbone_object_serves_one_attached_pruner(pattern: str | None) -> None:
+    backbone = fs.NMBackbone("2:4") if pattern else fs.GlobalBackbone()
+    kwargs: dict[str, Any] = (
+        {"pattern": pattern} if pattern else {"sparsity": 0.5, "schedule": "constant"}
+    )
+    first, second = plain_model(), plain_model()
+    pruner = fs.Pruner(first, backbone=backbone, total_steps=4, **kwargs)
+    with pytest.raises(ValueError, match=r"already serves another attached Pruner.*its own"):
+        fs.Pruner(second, backbone=backbone, total_steps=4, **kwargs)
+    assert parametrized(second) == []
+    config = PrunerConfig(backbone=fs.NMBackbone("2:4") if pattern else "global", **kwargs)
+    if not pattern:  # a name builds a new backbone each time: the config may be reused
+        fs.Pruner.from_config(plain_model(), config, total_steps=4)
+        config = PrunerConfig(backbone=fs.GlobalBackbone(), **kwargs)
+    fs.Pruner.from_config(plain_model(), config, total_steps=4)
+    with pytest.raises(ValueError, match="already serves another attached Pruner"):
+        fs.Pruner.from_config(plain_model(), config, total_steps=4)
+    # once its Pruner is removed, the object may serve a new one, which prunes its own model
+    pruner.remove()
+    again = fs.Pruner(second, backbone=backbone, total_steps=4, **kwargs)
+    original = second[0].parametrizations.weight.original
+    if pattern:
+        assert torch.equal(second[0].weight, nm_threshold(original, pattern))
+    else:  # the new model's own global threshold, half of its weights pruned
+        assert torch.equal(second[0].weight == 0, original.abs() <= again.thresholds()[0])
+        assert again.sparsity_achieved() == 0.5

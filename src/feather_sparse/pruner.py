@@ -178,6 +178,25 @@ def _matches(name: str, patterns: Iterable[str], children: bool) -> bool:
     return False
 
 
+def _check_backbone_free(backbone: Backbone) -> None:
+    """Refuse a ``backbone`` object that still serves another Pruner's attached layers:
+    a backbone holds its Pruner's layers and state, so one object cannot serve two.
+
+    Raises:
+        ValueError: naming the fix (a new Backbone object, or its name).
+    """
+    for t in getattr(backbone, "targets", ()):
+        plist = t.parametrizations()
+        if plist is not None and any(isinstance(p, FeatherParametrization) for p in plist):
+            raise ValueError(
+                f"this {type(backbone).__name__} object already serves another attached "
+                f"Pruner (its layer {t.name!r}); a backbone holds its Pruner's layers and "
+                "state, so each Pruner needs its own: pass a new object or the backbone's "
+                "name (a PrunerConfig reused for several models should name it), or call "
+                "remove() or finalize() on the other Pruner first"
+            )
+
+
 def _find_targets(
     model: nn.Module,
     include: Sequence[type[nn.Module] | str],
@@ -463,6 +482,7 @@ class Pruner:
         self._step = 0
         self._finished = False
         self._warned_collapse: set[str] = set()
+        _check_backbone_free(self.backbone)
         self.backbone.setup(targets)
 
         # --- attach: thresholds for step 0, then the parametrizations --------

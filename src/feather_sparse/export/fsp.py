@@ -258,6 +258,10 @@ def _encode_tensor(name: str, tensor: Tensor, values: str) -> tuple[TensorRecord
     value_dtype = t.dtype
     if t.element_size() > 2 and values != "fp32":
         value_dtype = _VALUE_DTYPES[values]
+        # A value the stored precision rounds to +0 is stored as a zero, so that the
+        # record counts the non-zeros load_sparse gives back (its integrity check).
+        nonzero &= _bits(t.to(value_dtype)) != 0
+        nnz = int(nonzero.sum())
     kept = t.reshape(-1)[nonzero]
     stored_values = kept.to(value_dtype)
     if value_dtype != t.dtype:
