@@ -204,6 +204,17 @@ def test_gradient_scaled_by_theta_on_pruned() -> None:
     assert torch.equal(w.grad, g)
 
 
+def test_float64_magnitudes_a_few_ulps_apart_keep_exactly_n() -> None:
+    """float64 ranks on its top bits, so 1 and 1 + ulp tie and the lower position wins;
+    the hard forward keeps exactly those n, not also the weight just above T_g."""
+    one_up = math.nextafter(1.0, 2.0)
+    w = torch.tensor([[1.0, one_up, 5.0, 0.1], [one_up, 1.0, 0.1, 5.0]], dtype=torch.float64)
+    out = nm_threshold(w, "2:4", p=math.inf)
+    assert out.tolist() == [[1.0, 0.0, 5.0, 0.0], [one_up, 0.0, 0.0, 5.0]]
+    lowered = nm_threshold(w, "2:4", p=math.inf, ramp=0.5)  # T = 0.5: every weight above kept
+    assert torch.equal(lowered, torch.where(w.abs() > 0.5, w, torch.zeros_like(w)))
+
+
 def test_ramp_scales_the_threshold() -> None:
     w = torch.tensor([[4.0, -1.0, 2.0, 3.0]])
     assert torch.equal(nm_threshold(w, "2:4", ramp=0.0, p=math.inf), w)

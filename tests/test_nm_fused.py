@@ -653,3 +653,21 @@ def test_pickled_cache_from_before_layers_were_cached_alone() -> None:
     restored = FusedNMForward.__new__(FusedNMForward)
     restored.__setstate__(state)
     assert restored.alone is False and restored._seen == {}
+
+
+def test_a_parametrization_called_on_another_tensor_computes_that_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fused pass computes the stored weights; a direct call with another tensor
+    (a candidate weight, say) gets that tensor's ``P_T``, not the stored weight's."""
+    model = mlp()
+    pr = pruner(model, True, monkeypatch)
+    x = torch.randn(2, 16)
+    model(x)
+    model(x)  # the second forward takes the fused pass
+    param = pr._parametrization(pr.targets[0])
+    other = torch.randn_like(model[0].parametrizations.weight.original)
+    with torch.no_grad():
+        assert torch.equal(param(other), nm_threshold(other, "2:4"))
+        stored = model[0].parametrizations.weight.original
+        assert torch.equal(param(stored), nm_threshold(stored, "2:4"))

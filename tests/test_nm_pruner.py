@@ -220,3 +220,24 @@ def test_exact_pattern_whatever_update_every() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     train(model, pruner, batches(3), opt)  # weights moved, thresholds not recomputed
     assert (groups_nonzero(model, NMPattern(2, 4), ["0", "3", "5"]) <= 2).all()
+
+
+@pytest.mark.parametrize("method", ["feather-nm", "hard-nm", "oneshot-nm"])
+def test_achieved_sparsity_counts_what_the_forward_zeroes(method: str) -> None:
+    """Exact zeros and weights tied at a group's threshold are zeroed by the forward
+    beyond the pattern's M − N; the report counts them, and flags a layer it zeroes whole."""
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    with torch.no_grad():
+        w = torch.randn(8, 16, generator=torch.Generator().manual_seed(3))
+        w[:, ::4] = 0.0  # one exact zero in every group of the first layer
+        w[:2] = 0.5  # two rows of equal weights: T_g equals every |w| of their groups
+        w[2, :3] = 0.0  # a group of three zeros: a kept position holds a zero
+        model[0].weight.copy_(w)
+        model[2].weight.fill_(0.25)  # every group tied: P_T is 0 for finite p
+    pruner = fs.make_pruner(model, method, pattern="2:4", total_steps=4, schedule="constant")
+    forward_zeros = sum(int((layer.weight == 0).sum()) for layer in (model[0], model[2]))
+    assert pruner.sparsity_achieved() == forward_zeros / pruner.num_params
+    assert pruner.sparsity_achieved() > 0.5
+    report = pruner.report()
+    assert report.sparsity == pruner.sparsity_achieved()
+    assert [layer.collapsed for layer in report.layers] == [False, method == "feather-nm"]

@@ -483,6 +483,8 @@ class Pruner:
         self._finished = False
         self._warned_collapse: set[str] = set()
         _check_backbone_free(self.backbone)
+        if isinstance(self.backbone, NMBackbone):  # what its forward zeroes depends on p
+            self.backbone.p = float(getattr(self.operator, "p", self.backbone.p))
         self.backbone.setup(targets)
 
         # --- attach: thresholds for step 0, then the parametrizations --------

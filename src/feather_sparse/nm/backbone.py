@@ -39,6 +39,7 @@ from feather_sparse.nm.operator import (
     NMPattern,
     _NMThresholdSTE,
     check_layout,
+    group_thresholds,
     group_view,
     nm_keep_mask,
     nm_threshold,
@@ -102,6 +103,8 @@ class NMBackbone(Backbone):
         self.freeze = bool(freeze)
         # A frozen mask is kept per local shard, but the forward sees whole weights.
         self.supports_sharding = not self.freeze
+        #: The operator's power, which decides what the forward zeroes (set by the Pruner).
+        self.p = 3.0
         self._beta: list[Tensor] | None = None
         self._masks: list[Tensor] | None = None
         self._fused: FusedNMForward | None = None
@@ -229,7 +232,15 @@ class NMBackbone(Backbone):
         return keep.reshape(weight.shape)
 
     def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
-        return ~self.keep_mask(weight, threshold, index)
+        """The weights the forward zeroes: for a finite ``p`` every ``|w| <= r·T_g`` (a
+        kept weight tied with ``T_g`` too); for the hard or a fixed mask the positions
+        not kept; and zero weights, wherever they are."""
+        if self._masks is None and not math.isinf(self.p):
+            t = group_thresholds(weight, self.pattern)
+            t = t * threshold.to(t.dtype)
+            x = group_view(weight.detach(), self.pattern).abs().to(t.dtype)
+            return (x <= t).reshape(weight.shape)
+        return ~self.keep_mask(weight, threshold, index) | (weight.detach() == 0)
 
     def report_threshold(self, index: int, weight: Tensor, threshold: Tensor) -> float:
         """The mean group threshold ``r·T_g`` of tensor ``index``."""

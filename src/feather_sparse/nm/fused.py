@@ -243,6 +243,8 @@ class FusedNMForward:
             return None
         self._compute(sorted(group), p, stored, scales)
         entry = self._entries[index]
+        if weight is not stored[index] and not self._valid(entry, weight, ramp, p):
+            return None  # asked for another tensor than the stored weight (a direct call)
         return entry.out, entry.aux
 
     def _alone(

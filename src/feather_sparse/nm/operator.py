@@ -289,8 +289,11 @@ def _nm_forward(
     elif math.isinf(p):  # hard: exactly n kept, ties by position (0 + w·k: +0.0 where pruned)
         keep, t = nm_keep_mask(w, pattern)
         aux = keep.to(dtype)
-        # ramp < 1 also keeps every weight above the lowered threshold
-        torch.maximum(aux, (x.abs() > t * ramp.to(dtype)).to(dtype), out=aux)
+        # ramp < 1 also keeps every weight above the lowered threshold; at ramp 1 the
+        # ranking alone decides (float64 ranks on its top bits: a weight a few ulps
+        # above T_g may rank below it, and must not be kept as well)
+        lowered = torch.where(ramp < 1, t * ramp.to(dtype), torch.inf)
+        torch.maximum(aux, (x.abs() > lowered).to(dtype), out=aux)
         torch.addcmul(_ZERO, x, aux, out=out)
     else:  # P_T is zero wherever |w| <= T: the thresholds alone do the pruning
         aux = group_thresholds(w, pattern).mul_(ramp.to(dtype))
