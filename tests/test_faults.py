@@ -280,6 +280,55 @@ def test_resuming_a_finished_run_never_overwrites_its_model(
     assert changed == {checkpoint_path(run), run / "checkpoints" / "prev.pt"}  # our flips only
 
 
+@guard(
+    "a new run into a folder holding a finished run whose checkpoints were deleted",
+    "`ValueError` naming what the folder holds; its model and metrics untouched",
+)
+def test_a_new_run_never_writes_over_a_finished_run(finished_run: Path, tmp_path: Path) -> None:
+    run = copy_run(finished_run, tmp_path)
+    shutil.rmtree(run / "checkpoints")  # kept the model only, to save space
+    before = {p: p.read_bytes() for p in (run / "metrics.jsonl", run / "config.json")}
+    model = next(p for p in (run / "model.fsp", run / "model.pt") if p.is_file())
+    before[model] = model.read_bytes()
+    with pytest.raises(ValueError, match=rf"already holds a run \(metrics.jsonl, {model.name}\)"):
+        train(small_config(sparsity=0.5), run, progress=False)
+    assert all(p.read_bytes() == data for p, data in before.items())
+    assert not (run / "checkpoints").exists()
+
+
+@guard(
+    "`--resume` of a finished run with settings that differ from its own",
+    "`ValueError` naming the fields (as for an unfinished run); nothing written",
+)
+def test_resuming_a_finished_run_with_other_settings_is_refused(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    with pytest.raises(ValueError, match=r"contradicts.*sparsity=0.9 in the checkpoint but 0.5"):
+        train(small_config(sparsity=0.5), run, resume=True, progress=False)
+    assert cli.main(["train", "--resume", str(run), "--epochs", "5"]) == 1
+
+
+@guard(
+    "CLI `--resume` of a finished run whose checkpoints are gone or damaged",
+    "hands back its model (the config comes from its `config.json`), exit 0",
+)
+def test_cli_resume_of_a_finished_run_without_checkpoints_hands_back_its_model(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    flip_bit(checkpoint_path(run), random.Random(9))
+    flip_bit(run / "checkpoints" / "prev.pt", random.Random(10))
+    assert cli.main(["train", "--resume", str(run)]) == 0
+    shutil.rmtree(run / "checkpoints")
+    assert cli.main(["train", "--resume", str(run)]) == 0
+    assert "achieved sparsity:   90.00%" in capsys.readouterr().out
+    half = copy_run(finished_run, tmp_path / "unfinished")
+    (half / "metrics.jsonl").write_text("")  # not finished: no checkpoint, nothing to resume
+    shutil.rmtree(half / "checkpoints")
+    assert cli.main(["train", "--resume", str(half)]) == 1
+
+
 def test_a_damaged_saved_model_is_made_again_from_the_verified_checkpoint(
     finished_run: Path, straight: TrainResult, tmp_path: Path
 ) -> None:

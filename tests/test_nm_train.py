@@ -58,6 +58,12 @@ def test_pattern_errors_name_the_problem() -> None:
         pruner_config(small_config(method="sr-ste"))
     with pytest.raises(ValueError, match="cannot be combined"):
         pruner_config(small_config(pattern="2:4", method="gmp"))
+    for backbone in ("global", "uniform"):  # named explicitly: refused, not silently replaced
+        with pytest.raises(ValueError, match=rf"backbone '{backbone}' cannot be combined"):
+            small_config(pattern="2:4", backbone=backbone)
+    assert small_config(pattern="2:4", backbone="nm").backbone == "nm"
+    with pytest.raises(ValueError, match=r"seed must be below 2\*\*63"):
+        small_config(seed=2**64)
 
 
 def test_cli_trains_an_nm_model_end_to_end(

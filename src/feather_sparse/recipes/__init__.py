@@ -204,6 +204,8 @@ class TrainConfig:
             "min_lr",
             "lr",
         )
+        if self.seed >= 2**63:  # torch.manual_seed's range (the data loaders' generators)
+            raise ValueError(f"seed must be below 2**63, got {self.seed}")
         if not 0 < self.lr < math.inf:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if self.min_lr > self.lr:
@@ -238,6 +240,11 @@ class TrainConfig:
             nm = NMPattern.parse(self.pattern)
             object.__setattr__(self, "pattern", str(nm))
             object.__setattr__(self, "sparsity", nm.sparsity)
+            if self.backbone is not None and self.backbone.strip().lower() != "nm":
+                raise ValueError(
+                    f"pattern {nm} brings its own per-group thresholds (the nm backbone); "
+                    f"backbone {self.backbone!r} cannot be combined with it: leave backbone out"
+                )
         if self.theta is not None:
             check_theta(self.theta, allow_auto=True)
         if self.p is not None:

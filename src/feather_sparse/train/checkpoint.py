@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -114,10 +115,23 @@ def resume_config(
 ) -> TrainConfig:
     """The config saved in ``run_dir``'s checkpoint, with ``overrides`` applied.
 
+    A finished run whose checkpoints are gone or damaged still has a config:
+    the one its ``config.json`` recorded (resuming it hands back its model).
+
     Raises:
-        FileNotFoundError: when the folder holds no checkpoint.
+        FileNotFoundError: when the folder holds no checkpoint (and no finished run).
         ValueError: for an unknown field or bad value in ``overrides``, or
-            when no intact checkpoint is left.
+            when no intact checkpoint is left (and the run did not finish).
     """
-    saved = TrainConfig.from_record(load_latest_checkpoint(run_dir)["config"])
-    return saved.replace(**(overrides or {}))
+    try:
+        record = load_latest_checkpoint(run_dir)["config"]
+    except (FileNotFoundError, ValueError) as err:
+        from feather_sparse.train.run_dir import _finished_run, read_run_info
+
+        if _finished_run(Path(run_dir)) is None:
+            raise
+        try:
+            record = read_run_info(run_dir)["config"]
+        except (OSError, ValueError, KeyError):
+            raise err from None
+    return TrainConfig.from_record(record).replace(**(overrides or {}))

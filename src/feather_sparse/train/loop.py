@@ -31,7 +31,7 @@ from feather_sparse.methods import check_method
 from feather_sparse.models import create_model, model_info
 from feather_sparse.pruner import PrunerReport
 from feather_sparse.recipes import TrainConfig
-from feather_sparse.run_files import MODEL_NAME, PLAIN_MODEL_NAME
+from feather_sparse.run_files import CHECKPOINTS_DIR, MODEL_NAME, PLAIN_MODEL_NAME
 from feather_sparse.train.checkpoint import (
     _check_resume,
     checkpoint_path,
@@ -67,6 +67,7 @@ from feather_sparse.train.run_dir import (
     _save_model,
     _tensorboard,
     default_run_dir,
+    read_run_info,
 )
 from feather_sparse.train.session import _checkpoint_state, _Session, _setup, _write_run_info
 
@@ -529,19 +530,23 @@ def _train_locked(
     create_model: Callable[..., nn.Module],
 ) -> TrainResult:
     """:func:`train` once the run folder is this process's: resume or start, then train."""
-    ckpt_file = checkpoint_path(run_path)
     checkpoint: dict[str, Any] | None = None
     if resume:
         finished = _finished_run(run_path)
         if finished is not None:
+            recorded = _recorded_config(run_path)
+            if recorded is not None:  # a finished run is read back only as it was trained
+                _check_resume(config, recorded)
             return _finished_result(config, run_path, finished, started)
         checkpoint = load_latest_checkpoint(run_path, set_aside_damaged=ctx.is_main)
         _check_resume(config, TrainConfig.from_record(checkpoint["config"]))
-    elif ckpt_file.exists():
-        raise ValueError(
-            f"{run_path} already holds a run (checkpoints/last.pt); resume it with "
-            "--resume, or choose another --run-dir"
-        )
+    else:
+        held = _run_work(run_path)
+        if held:
+            raise ValueError(
+                f"{run_path} already holds a run ({', '.join(held)}); resume it with "
+                "--resume, or choose another --run-dir (or delete the folder to start over)"
+            )
     if ctx.is_main:
         _prepare(run_path)
 
@@ -567,6 +572,29 @@ def _train_locked(
             )
     finally:
         torch.set_num_threads(threads)
+
+
+def _run_work(run_path: Path) -> list[str]:
+    """What of a run's work ``run_path`` holds (a checkpoint, epochs' metrics, a saved
+    model): a new run must not write over any of it. Only a ``config.json`` and a log
+    (a run that failed before its first epoch ended) are nothing to keep."""
+    checkpoints = run_path / CHECKPOINTS_DIR
+    held = [f"{CHECKPOINTS_DIR}/{f.name}" for f in sorted(checkpoints.glob("*.pt")) if f.is_file()]
+    metrics = run_path / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        held.append(metrics.name)
+    held += [n for n in (MODEL_NAME, PLAIN_MODEL_NAME) if (run_path / n).is_file()]
+    return held
+
+
+def _recorded_config(run_path: Path) -> TrainConfig | None:
+    """The config a run recorded in its ``config.json``; None when it cannot be read
+    (its model is handed back anyway: that file is a description, not the run)."""
+    try:
+        return TrainConfig.from_record(read_run_info(run_path)["config"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        logger.warning("%s: config.json unreadable (%s); the config is not compared", run_path, err)
+        return None
 
 
 def _finished_result(
