@@ -14,6 +14,8 @@ from feather_sparse.nm import NMPattern, group_view, nm_threshold
 from feather_sparse.nm.methods import SR_STE_DECAY
 
 NM_METHODS = ["feather-nm", "hard-nm", "sr-ste", "s-ste", "oneshot-nm"]
+#: The pattern from the first step (one-shot's mask and S-STE's β are then taken at once).
+AT_ONCE = {"total_steps": 4, "schedule": "constant"}
 
 
 def linear(rows: list[list[float]]) -> nn.Sequential:
@@ -134,3 +136,22 @@ def test_hard_nm_equals_the_hard_operator() -> None:
     pruner = fs.make_pruner(m, "hard-nm")
     w = pruner.weights()[0].detach()
     assert torch.equal(m[0].weight, nm_threshold(w, "2:4", p=float("inf")))
+
+
+def test_a_state_from_a_model_of_other_widths_is_refused_naming_the_layer() -> None:
+    """A one-shot mask (or S-STE β) that does not fit this model's layers is refused when
+    the state is loaded, and the Pruner goes on as it was."""
+    wide = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 8))
+    source = fs.make_pruner(model(), "oneshot-nm", pattern="2:4", **AT_ONCE)
+    target = fs.make_pruner(wide, "oneshot-nm", pattern="2:4", **AT_ONCE)
+    before = copy.deepcopy(target.state_dict())
+    with pytest.raises(
+        ValueError, match=r"'masks' entry of layer '0' has shape \(32, 16\).*another model"
+    ):
+        target.load_state_dict(source.state_dict())
+    after = target.state_dict()["backbone"]["masks"]
+    assert all(torch.equal(a, b) for a, b in zip(after, before["backbone"]["masks"], strict=True))
+    beta = fs.make_pruner(model(), "s-ste", pattern="2:4", **AT_ONCE).state_dict()
+    beta["backbone"]["beta"] = beta["backbone"]["beta"][:1]
+    with pytest.raises(ValueError, match=r"'beta' holds 1 entries for 2 layers"):
+        fs.make_pruner(model(), "s-ste", pattern="2:4", **AT_ONCE).load_state_dict(beta)

@@ -241,3 +241,17 @@ def test_achieved_sparsity_counts_what_the_forward_zeroes(method: str) -> None:
     report = pruner.report()
     assert report.sparsity == pruner.sparsity_achieved()
     assert [layer.collapsed for layer in report.layers] == [False, method == "feather-nm"]
+
+
+def test_total_steps_need_not_match_when_the_pattern_starts_at_once() -> None:
+    """From the first step the length of training is unused, so a resume that passes
+    total_steps on one side only is accepted; with a ramp it must still match."""
+    state = fs.Pruner(small_model(), pattern="2:4").state_dict()
+    fs.Pruner(small_model(), pattern="2:4", total_steps=1000).load_state_dict(state)
+    state = fs.Pruner(small_model(), pattern="2:4", total_steps=1000).state_dict()
+    fs.Pruner(small_model(), pattern="2:4").load_state_dict(state)
+    ramp = fs.Pruner(small_model(), pattern="2:4", total_steps=8, schedule="cubic").state_dict()
+    with pytest.raises(ValueError, match="saved with total_steps=8"):
+        fs.Pruner(small_model(), pattern="2:4", total_steps=9, schedule="cubic").load_state_dict(
+            ramp
+        )

@@ -460,3 +460,59 @@ def test_a_backbone_object_serves_one_attached_pruner(pattern: str | None) -> No
     else:  # the new model's own global threshold, half of its weights pruned
         assert torch.equal(second[0].weight == 0, original.abs() <= again.thresholds()[0])
         assert again.sparsity_achieved() == 0.5
+
+
+@guard(
+    "a prunable layer with no weights (`nn.Linear(8, 0)`)", "reported at 0 % and never as collapsed"
+)
+@pytest.mark.parametrize("pattern", [None, "2:4"])
+def test_an_empty_layer_is_reported_not_divided_by(
+    pattern: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match="zero-element"):  # torch's own, at initialisation
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 0), nn.Linear(8, 8))
+    kwargs: dict[str, Any] = (
+        {"pattern": pattern} if pattern else {"sparsity": 0.5, "schedule": "constant"}
+    )
+    pruner = fs.Pruner(model, total_steps=4, **kwargs)
+    pruner.step()
+    rows = {layer.name: layer for layer in pruner.report().layers}
+    assert rows["1"].sparsity == 0.0 and not rows["1"].collapsed
+    assert "collapse" not in caplog.text
+    assert pruner.finalize() == 0.5
+
+
+@guard(
+    "a model with `nn.MultiheadAttention` (Q/K/V in the bare `in_proj_weight`)",
+    "a warning naming the module and the weights left dense; `out_proj` pruned",
+)
+def test_multihead_attention_says_its_qkv_stay_dense(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, batch_first=True)
+    pruner = fs.Pruner(layer, pattern="2:4")
+    assert [t.name for t in pruner.targets] == ["self_attn.out_proj", "linear1", "linear2"]
+    assert "1 nn.MultiheadAttention module(s) ('self_attn')" in caplog.text
+    assert "(768 weights)" in caplog.text and "in_proj_weight" in caplog.text
+    pruner.remove()
+    caplog.clear()
+    fs.Pruner(layer, pattern="2:4", exclude=["self_attn"])  # attention left alone: nothing to say
+    assert "MultiheadAttention" not in caplog.text
+
+
+@pytest.mark.parametrize("pattern", [None, "2:4"])
+def test_finalize_keeps_a_channels_last_weight_channels_last(pattern: str | None) -> None:
+    def pruned(channels_last: bool) -> nn.Module:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(4, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3))
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        kwargs: dict[str, Any] = {"pattern": pattern} if pattern else {"sparsity": 0.5}
+        fs.Pruner(model, total_steps=1, **kwargs).finalize()
+        return model
+
+    plain, fast = pruned(False), pruned(True)
+    for a, b in zip(plain.state_dict().values(), fast.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert all(fast[i].weight.is_contiguous(memory_format=torch.channels_last) for i in (0, 2))
+    assert not fast[0].weight.is_contiguous()

@@ -197,6 +197,27 @@ def _check_backbone_free(backbone: Backbone) -> None:
             )
 
 
+def _warn_dense_attention(model: nn.Module, pruned: set[str]) -> None:
+    """Say that an ``nn.MultiheadAttention`` whose ``out_proj`` is pruned keeps its Q/K/V
+    projections dense: they are its bare ``in_proj_weight`` (or ``q/k/v_proj_weight``),
+    not a layer's ``weight``."""
+    dense = [
+        (name, sum(p.numel() for n, p in m.named_parameters(recurse=False) if "proj_weight" in n))
+        for name, m in model.named_modules()
+        if isinstance(m, nn.MultiheadAttention) and _join(name, "out_proj") in pruned
+    ]
+    dense = [(name, n) for name, n in dense if n]
+    if dense:
+        logger.warning(
+            "%d nn.MultiheadAttention module(s) (%s) keep their Q/K/V projections dense "
+            "(%s weights): they are the bare parameter in_proj_weight, not a layer's `weight`, "
+            "so only out_proj is pruned; models that project Q/K/V with nn.Linear are pruned whole",
+            len(dense),
+            ", ".join(repr(name) for name, _ in dense[:3]) + (", ..." if len(dense) > 3 else ""),
+            f"{sum(n for _, n in dense):,}",
+        )
+
+
 def _find_targets(
     model: nn.Module,
     include: Sequence[type[nn.Module] | str],
@@ -446,6 +467,7 @@ class Pruner:
                 f"exclude={list(exclude)}, min_params={min_params} matched no module with a "
                 "floating-point `weight`; widen `include` or relax `exclude`/`min_params`"
             )
+        _warn_dense_attention(model, {t.name for t in targets})
         for t in targets:
             if parametrize.is_parametrized(t.module, "weight"):
                 raise ValueError(
@@ -608,8 +630,8 @@ class Pruner:
                     shape=t.shape,
                     params=t.numel,
                     threshold=self.backbone.report_threshold(i, w, th),
-                    sparsity=z / t.numel,
-                    collapsed=z == t.numel,
+                    sparsity=z / t.numel if t.numel else 0.0,  # an empty layer prunes nothing
+                    collapsed=0 < t.numel == z,
                 )
             )
         report = PrunerReport(
@@ -684,7 +706,9 @@ class Pruner:
             ts = torch.stack([t.detach().float().reshape(()).to(maxima.device) for t in thresholds])
             if bool((ts >= maxima).any()):
                 flags = (ts >= maxima).tolist()
-                self._warn_collapsed(t.name for t, f in zip(self.targets, flags) if f)
+                self._warn_collapsed(  # an empty layer has nothing to collapse
+                    t.name for t, f in zip(self.targets, flags) if f and t.numel
+                )
         return thresholds
 
     @staticmethod
@@ -803,6 +827,7 @@ class Pruner:
         for alias, _ in self.tied:
             parametrize.remove_parametrizations(alias.module, "weight", leave_parametrized=False)
         for t in self.targets:
+            layout = _memory_format(t.weight)  # the stored weight's, before baking
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=True)
             # The N:M pass of small layers computes them into one buffer, and the
             # baked weight is a view of it: give each weight storage of its own, so
@@ -810,6 +835,8 @@ class Pruner:
             weight = t.weight
             if weight.untyped_storage().nbytes() != weight.numel() * weight.element_size():
                 weight.data = weight.data.clone()
+            if layout is not None and not weight.is_contiguous(memory_format=layout):
+                weight.data = weight.data.contiguous(memory_format=layout)  # e.g. channels_last
         self._finished = True
         self.backbone.release()
         weights, group = self._local_weights()
@@ -953,6 +980,8 @@ class Pruner:
         _check_state(state)  # the whole layout, before anything is applied
         saved, mine = state["config"], self.config()
         for key in self._MUST_MATCH:
+            if key == "total_steps" and not self.pruner_config.needs_total_steps:
+                continue  # an N:M pattern from the first step: the length is not used
             if saved.get(key) != mine.get(key):
                 raise ValueError(
                     f"Pruner state was saved with {key}={saved.get(key)!r}, but this Pruner has "
@@ -1121,6 +1150,16 @@ def _abs_max(w: Tensor) -> Tensor:
 def _overrides(obj: object, method: str) -> bool:
     """Whether ``obj``'s class overrides ``Backbone.<method>``."""
     return getattr(type(obj), method) is not getattr(Backbone, method)
+
+
+def _memory_format(w: Tensor) -> torch.memory_format | None:
+    """``channels_last`` (or ``channels_last_3d``) when ``w`` is stored so and not plainly
+    contiguous; None otherwise (the baked weight's layout is then left as torch makes it)."""
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    fmt = formats.get(w.dim())
+    if fmt is not None and w.is_contiguous(memory_format=fmt) and not w.is_contiguous():
+        return fmt
+    return None
 
 
 def _join(prefix: str, name: str) -> str:

@@ -272,13 +272,34 @@ class NMBackbone(Backbone):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        def on(saved: list[Tensor] | None) -> list[Tensor] | None:
+        """Restore β and the frozen masks, checked against this Pruner's layers first.
+
+        Raises:
+            ValueError: naming the layer, when a saved mask or β does not fit it
+                (a state saved from another model); nothing is changed then.
+        """
+
+        def on(key: str, saved: Any) -> list[Tensor] | None:
             if saved is None:
                 return None
+            if not isinstance(saved, (list, tuple)) or len(saved) != len(self.targets):
+                raise ValueError(
+                    f"Pruner state: the N:M backbone's {key!r} holds "
+                    f"{len(saved) if isinstance(saved, (list, tuple)) else type(saved).__name__} "
+                    f"entries for {len(self.targets)} layers: it was saved from another model"
+                )
+            for s, t in zip(saved, self.targets):
+                want = tuple(t.weight.shape) if key == "masks" else ()
+                if not isinstance(s, Tensor) or tuple(s.shape) != want:
+                    got = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
+                    raise ValueError(
+                        f"Pruner state: the N:M backbone's {key!r} entry of layer {t.name!r} "
+                        f"has shape {got}, the layer needs {want}: it was saved from another model"
+                    )
             return [s.to(t.weight.device) for s, t in zip(saved, self.targets)]
 
-        self._beta = on(state.get("beta"))
-        self._masks = on(state.get("masks"))
+        beta, masks = on("beta", state.get("beta")), on("masks", state.get("masks"))
+        self._beta, self._masks = beta, masks
         self.release()
 
     def config(self) -> dict[str, Any]:
