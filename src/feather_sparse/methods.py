@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -152,6 +153,8 @@ class Method:
                     "to its constructor instead"
                 )
             base = dict(backbone) if isinstance(backbone, Mapping) else {"name": backbone}
+            if out.get("pattern") is not None and base["name"] == "global":
+                base["name"] = "nm"  # the default backbone, which a pattern makes the N:M one
             cls = BACKBONES.get(base["name"])
             accepted = set(inspect.signature(cls).parameters)
             unknown = sorted(set(options) - accepted)
@@ -467,6 +470,7 @@ def pruner_config(config: TrainConfig) -> PrunerConfig:
         exclude=config.exclude,
         max_layer_sparsity=config.max_layer_sparsity,
         pattern=config.pattern,
+        conv_order=config.conv_order,  # an option of the N:M backbone (None: its default)
     )
 
 
@@ -506,10 +510,13 @@ def _leave_misfits_dense(model: nn.Module, settings: PrunerConfig) -> PrunerConf
     asked directly, raises instead, so nothing is skipped silently there.)
     """
     pattern = NMPattern.parse(settings.pattern or "")
+    backbone = settings.make_backbone()
+    by_channels = getattr(backbone, "conv_order", "flat") == "channels"
     misfits = []
     for t in _find_targets(model, settings.include, settings.exclude, settings.min_params):
+        channels = by_channels and math.prod(t.weight.shape[2:]) > 1
         try:
-            check_layout(t.name, t.module, t.weight, pattern)
+            check_layout(t.name, t.module, t.weight, pattern, channels)
         except ValueError:
             misfits.append(t.name)
     if not misfits:

@@ -214,8 +214,14 @@ def _canonical(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+#: Config fields added after runs were stored under their keys: left out of the
+#: hash while unset, so that those runs keep their keys (and are reused).
+_LATER_FIELDS = ("conv_order",)
+
+
 def run_key(config: Mapping[str, Any]) -> str:
     """The run's folder name: readable prefix plus a hash of its whole config."""
+    config = {k: v for k, v in config.items() if not (k in _LATER_FIELDS and v is None)}
     blob = json.dumps(jsonable(config), sort_keys=True).encode()
     digest = hashlib.sha1(blob).hexdigest()[:10]
     method = "dense" if config.get("dense") else str(config.get("method"))

@@ -120,6 +120,7 @@ _PRUNING_FIELDS = (
     "method",
     "sparsity",
     "pattern",
+    "conv_order",
     "operator",
     "p",
     "theta",

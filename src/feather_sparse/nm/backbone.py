@@ -49,6 +49,9 @@ from feather_sparse.schedules import ConstantSchedule, Schedule
 
 __all__ = ["DEFAULT_NM_SCHEDULE", "DEFAULT_PATTERN", "NMBackbone", "NMSettings", "nm_settings"]
 
+#: How a convolution with a kernel of more than one element is grouped (see NMBackbone).
+CONV_ORDERS = ("flat", "channels")
+
 #: How the pattern is reached by default: from the first step (see
 #: docs/results/nm-ramp.md for the ablation behind the choice).
 DEFAULT_NM_SCHEDULE: Schedule = ConstantSchedule()
@@ -73,15 +76,25 @@ class NMBackbone(Backbone):
       first applied (again at each update before the first step) is kept for
       the rest of training; the forward is then plain masking (``p`` unused).
 
+    ``conv_order`` says how a convolution with a kernel larger than one
+    element is grouped. ``"flat"`` (the default): ``m`` consecutive entries of
+    the row ``weight.reshape(out, -1)``, i.e. of ``(in_channels/groups, k…)``
+    with the kernel innermost. ``"channels"``: ``m`` consecutive input channels
+    at each kernel position, i.e. of ``(k…, in_channels/groups)``, the order of
+    an implicit GEMM over channels-last data, in which NVIDIA's sparse
+    convolution kernels take 2:4 and NVIDIA's ASP and the SR-STE code group
+    convolutions. Linear layers and 1×1 convolutions are the same either way.
+
     Args:
         pattern: ``"2:4"``, ``"1:4"``, ``"4:8"``, … or an
             :class:`~feather_sparse.nm.operator.NMPattern`.
         decay: SR-STE's ``λ`` (0: off).
         rescale: S-STE's fixed per-tensor ``β``.
         freeze: fix the mask when the pattern is first reached.
+        conv_order: ``"flat"`` or ``"channels"`` (see above).
 
     Raises:
-        ValueError: for a bad pattern or ``decay < 0``.
+        ValueError: for a bad pattern, ``decay < 0`` or an unknown ``conv_order``.
     """
 
     name = "nm"
@@ -94,10 +107,18 @@ class NMBackbone(Backbone):
         decay: float = 0.0,
         rescale: bool = False,
         freeze: bool = False,
+        conv_order: str = "flat",
     ) -> None:
         self.pattern = NMPattern.parse(pattern)
         if not decay >= 0.0:
             raise ValueError(f"decay must be >= 0 (SR-STE uses 2e-4), got {decay}")
+        if conv_order not in CONV_ORDERS:
+            raise ValueError(
+                f"conv_order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}"
+            )
+        self.conv_order = conv_order
+        #: Per layer: whether its groups run along input channels (set up with the layers).
+        self._by_channels: list[bool] = []
         self.decay = float(decay)
         self.rescale = bool(rescale)
         self.freeze = bool(freeze)
@@ -111,10 +132,18 @@ class NMBackbone(Backbone):
         self._at_start = True  # no training step yet: β and a frozen mask are still open
 
     def setup(self, targets: Sequence[PruneTarget]) -> None:
-        for t in targets:
-            check_layout(t.name, t.module, t.weight, self.pattern)
+        by_channels = [
+            self.conv_order == "channels" and math.prod(t.weight.shape[2:]) > 1 for t in targets
+        ]
+        for t, channels in zip(targets, by_channels):
+            check_layout(t.name, t.module, t.weight, self.pattern, channels)
         super().setup(targets)
-        eligible = [0 < t.weight.numel() <= _fused.FUSE_MAX_NUMEL for t in targets]
+        self._by_channels = by_channels
+        # a layer grouped by channels computes alone (its groups are not runs of its storage)
+        eligible = [
+            0 < t.weight.numel() <= _fused.FUSE_MAX_NUMEL and not channels
+            for t, channels in zip(targets, by_channels)
+        ]
         if sum(eligible) < 2:  # a pass of one layer is that layer alone
             eligible = [False] * len(targets)
         alone = _fused.CACHE_ALONE
@@ -145,7 +174,10 @@ class NMBackbone(Backbone):
                 self._beta = self._rescale_factors(weights)
                 self.release()  # forwards cached without β are stale
             if self.freeze and (self._masks is None or self._at_start):
-                self._masks = [nm_keep_mask(w, self.pattern)[0].reshape(w.shape) for w in weights]
+                self._masks = [
+                    self._ungrouped(i, nm_keep_mask(g, self.pattern)[0].reshape(g.shape))
+                    for i, g in enumerate(map(self._grouped, range(len(weights)), weights))
+                ]
                 self.release()  # masked layers take the plain path from now on
         # One 0-d tensor per device (the Pruner copies each into its layer's buffer).
         value = torch.tensor(min(ramp, 1.0), dtype=torch.float32)
@@ -159,7 +191,8 @@ class NMBackbone(Backbone):
     def _rescale_factors(self, weights: Sequence[Tensor]) -> list[Tensor]:
         """S-STE's ``β = ⟨w, S(w)⟩ / ⟨S(w), S(w)⟩`` per tensor (sums over all shards)."""
         sums = []
-        for w in weights:
+        for i, w in enumerate(weights):
+            w = self._grouped(i, w)
             s = nm_threshold(w, self.pattern, p=1.0).to(compute_dtype(w.dtype))
             sums.append(torch.stack([(w.to(s.dtype) * s).sum(), (s * s).sum()]).float())
         both = torch.stack(sums)  # (tensors, 2)
@@ -179,6 +212,18 @@ class NMBackbone(Backbone):
                 f"N:M pruning applies the thresholding operators (feather, soft, hard), "
                 f"not {operator!r}"
             )
+        if self._by_channels and self._by_channels[index]:  # grouped by input channels
+            grouped = nm_threshold(
+                weight.movedim(1, -1),
+                self.pattern,
+                threshold,
+                operator.p,
+                theta,
+                decay=self.decay,
+                mask=None if self._masks is None else self._masks[index].movedim(1, -1),
+                scale=None if self._beta is None else self._beta[index],
+            )
+            return grouped.movedim(-1, 1)
         fused = self._fused
         if fused is not None and self._masks is None and fused.usable(index, weight):
             pre = fused.get(index, weight, threshold, operator.p, self._stored, self._beta)
@@ -221,32 +266,43 @@ class NMBackbone(Backbone):
         if self._fused is not None:
             self._fused.clear()
 
+    def _grouped(self, index: int, w: Tensor) -> Tensor:
+        """Tensor ``index``'s ``w`` in its group order: input channels innermost for a
+        convolution grouped by channels (``conv_order="channels"``), else ``w`` itself."""
+        return w.movedim(1, -1) if self._by_channels and self._by_channels[index] else w
+
+    def _ungrouped(self, index: int, x: Tensor) -> Tensor:
+        """The inverse of :meth:`_grouped`: back to the weight's own layout."""
+        return x.movedim(-1, 1) if self._by_channels and self._by_channels[index] else x
+
     def keep_mask(self, weight: Tensor, threshold: Tensor, index: int = 0) -> Tensor:
         """Positions the forward keeps, shaped like ``weight`` (``N`` per group at ramp 1)."""
         if self._masks is not None:
             return self._masks[index]
-        keep, t = nm_keep_mask(weight, self.pattern)
+        grouped = self._grouped(index, weight)
+        keep, t = nm_keep_mask(grouped, self.pattern)
         if float(threshold) < 1.0:
-            x = group_view(weight.detach(), self.pattern).abs().to(t.dtype)
+            x = group_view(grouped.detach(), self.pattern).abs().to(t.dtype)
             keep = keep | (x > t * threshold.to(t.dtype))
-        return keep.reshape(weight.shape)
+        return self._ungrouped(index, keep.reshape(grouped.shape))
 
     def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
         """The weights the forward zeroes: for a finite ``p`` every ``|w| <= r·T_g`` (a
         kept weight tied with ``T_g`` too); for the hard or a fixed mask the positions
         not kept; and zero weights, wherever they are."""
         if self._masks is None and not math.isinf(self.p):
-            t = group_thresholds(weight, self.pattern)
+            grouped = self._grouped(index, weight)
+            t = group_thresholds(grouped, self.pattern)
             t = t * threshold.to(t.dtype)
-            x = group_view(weight.detach(), self.pattern).abs().to(t.dtype)
-            return (x <= t).reshape(weight.shape)
+            x = group_view(grouped.detach(), self.pattern).abs().to(t.dtype)
+            return self._ungrouped(index, (x <= t).reshape(grouped.shape))
         return ~self.keep_mask(weight, threshold, index) | (weight.detach() == 0)
 
     def report_threshold(self, index: int, weight: Tensor, threshold: Tensor) -> float:
         """The mean group threshold ``r·T_g`` of tensor ``index``."""
         if weight.numel() == 0:
             return 0.0
-        _, t = nm_keep_mask(weight, self.pattern)
+        _, t = nm_keep_mask(self._grouped(index, weight), self.pattern)
         return float(t.mean()) * float(threshold)
 
     def check_final(self, index: int, weight: Tensor) -> None:
@@ -257,7 +313,8 @@ class NMBackbone(Backbone):
                 at a sparsity below the pattern's).
         """
         with torch.no_grad():
-            counts = (group_view(weight.detach(), self.pattern) != 0).sum(dim=1)
+            grouped = self._grouped(index, weight.detach())
+            counts = (group_view(grouped, self.pattern) != 0).sum(dim=1)
         if counts.numel() and int(counts.max()) > self.pattern.n:
             raise ValueError(
                 f"layer {self.targets[index].name!r} would keep {int(counts.max())} nonzeros in a "
@@ -310,6 +367,8 @@ class NMBackbone(Backbone):
             out["rescale"] = True
         if self.freeze:
             out["freeze"] = True
+        if self.conv_order != "flat":  # written only when set: older configs read as "flat"
+            out["conv_order"] = self.conv_order
         return out
 
 

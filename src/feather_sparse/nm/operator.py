@@ -134,8 +134,14 @@ def reduction_size(weight: Tensor) -> int:
     return math.prod(weight.shape[1:])
 
 
-def check_layout(name: str, module: nn.Module, weight: Tensor, pattern: NMPattern) -> None:
+def check_layout(
+    name: str, module: nn.Module, weight: Tensor, pattern: NMPattern, by_channels: bool = False
+) -> None:
     """Raise unless ``weight`` of layer ``name`` splits into groups of ``pattern.m``.
+
+    With ``by_channels`` (a convolution grouped by input channels, see
+    :class:`~feather_sparse.nm.NMBackbone`'s ``conv_order``) the groups run along
+    the input channels at each kernel position, so those must be a multiple of ``m``.
 
     Raises:
         ValueError: for a transposed convolution (its weight is ``(in, out, …)``,
@@ -151,6 +157,13 @@ def check_layout(name: str, module: nn.Module, weight: Tensor, pattern: NMPatter
         raise ValueError(
             f"layer {name!r} has a {weight.dim()}-d weight; N:M needs a matrix or a conv "
             f"kernel: exclude it (exclude=[{name!r}])"
+        )
+    if by_channels and weight.shape[1] % pattern.m:
+        raise ValueError(
+            f"layer {name!r} (weight {tuple(weight.shape)}) has {weight.shape[1]} input "
+            f"channels per group, not a multiple of M = {pattern.m}: conv_order='channels' "
+            f"groups them at each kernel position; leave it dense with exclude=[{name!r}], "
+            "change its width, or use conv_order='flat'"
         )
     k = reduction_size(weight)
     if k % pattern.m:

@@ -159,6 +159,12 @@ class TrainConfig:
         "N:M pattern (2:4, 4:8, 1:4): keep N of every M weights along each layer's reduction "
         "dimension; sets sparsity to (M-N)/M (unset: unstructured)",
     )
+    conv_order: str | None = _f(
+        None,
+        "N:M groups of a conv with a kernel > 1: flat (along in_channels x kernel, kernel "
+        "innermost; unset: flat) or channels (input channels at each kernel position, the "
+        "order NVIDIA's sparse conv kernels take)",
+    )
     # Unset (None): the method decides (Feather: operator feather with p = 3,
     # theta auto, backbone global); a set value the method fixes otherwise is
     # an error (feather_sparse.methods.pruner_config).
@@ -240,11 +246,17 @@ class TrainConfig:
             nm = NMPattern.parse(self.pattern)
             object.__setattr__(self, "pattern", str(nm))
             object.__setattr__(self, "sparsity", nm.sparsity)
+            if self.conv_order is not None and self.conv_order not in ("flat", "channels"):
+                raise ValueError(f"conv_order must be flat or channels, got {self.conv_order!r}")
             if self.backbone is not None and self.backbone.strip().lower() != "nm":
                 raise ValueError(
                     f"pattern {nm} brings its own per-group thresholds (the nm backbone); "
                     f"backbone {self.backbone!r} cannot be combined with it: leave backbone out"
                 )
+        if self.conv_order is not None and self.pattern is None:
+            raise ValueError(
+                f"conv_order={self.conv_order!r} orders N:M groups: it needs a pattern (e.g. 2:4)"
+            )
         if self.theta is not None:
             check_theta(self.theta, allow_auto=True)
         if self.p is not None:
