@@ -14,8 +14,8 @@ from feather_sparse.export.codec import _VALUE_DTYPES
 from feather_sparse.export.files import check_writable
 from feather_sparse.export.fsp import inspect_sparse, save_sparse
 from feather_sparse.export.header import MODEL_SPEC_ATTR, format_info, human_bytes
-from feather_sparse.export.onnx import export_onnx, verify_onnx
-from feather_sparse.export.run import load_export_source, source_paths
+from feather_sparse.export.onnx import check_example_input, export_onnx, onnx_opset, verify_onnx
+from feather_sparse.export.run import PatternSparsityError, load_export_source, source_paths
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
@@ -60,13 +60,19 @@ def _parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def _input_shape(model: nn.Module, text: str | None) -> tuple[int, ...]:
-    if text:
-        return _parse_shape(text)
+def _input_shape(model: nn.Module, shape: tuple[int, ...] | None) -> tuple[int, ...]:
+    if shape:
+        return shape
     spec = getattr(model, MODEL_SPEC_ATTR, None)
     if spec:
         return tuple(models.model_info(str(spec["name"])).input_shape)
     raise ValueError("the model has no registered input shape; pass --input-shape")
+
+
+def _example_input(model: nn.Module, shape: tuple[int, ...]) -> torch.Tensor:
+    """A batch of 2 random samples in the dtype of the model's weights (float32 if none)."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return torch.randn(2, *shape, dtype=dtype)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -89,6 +95,23 @@ def run(command: str, args: argparse.Namespace) -> int:
             f"-o and --onnx both name {args.output}: the ONNX model would replace the .fsp; "
             "give two files, e.g. -o model.fsp --onnx model.onnx"
         )
+    # Every option is checked before anything is written (and before the slow part).
+    shape = opset = None
+    if args.onnx is None:
+        given = [
+            flag
+            for flag, value in (("--opset", args.opset), ("--input-shape", args.input_shape))
+            if value is not None
+        ]
+        if given:
+            flags = " and ".join(given)
+            raise ValueError(
+                f"{flags} {'apply' if len(given) > 1 else 'applies'} to the ONNX model only: "
+                f"add --onnx model.onnx, or drop {flags}"
+            )
+    else:
+        shape = _parse_shape(args.input_shape) if args.input_shape is not None else None
+        opset = onnx_opset(args.opset)  # the onnx package is there, the opset one it writes
     # Before the slow part, not after it: a target that cannot be written, the
     # file being exported or the run's checkpoints, or a file of another kind.
     reads = source_paths(args.source)
@@ -98,8 +121,20 @@ def run(command: str, args: argparse.Namespace) -> int:
     ):
         if target is not None:
             check_writable(target, suggestion, kind=kind, reads=reads)
-    source = load_export_source(args.source, sparsity=args.sparsity)
+    try:
+        source = load_export_source(args.source, sparsity=args.sparsity)
+    except PatternSparsityError as err:
+        raise ValueError(
+            f"{err.reason}; drop --sparsity: an N:M run is exported at its pattern's sparsity"
+        ) from None
     model = source.model
+    example = None
+    if args.onnx is not None:  # a shape the model cannot take fails before -o is written
+        example = _example_input(model, _input_shape(model, shape))
+        try:
+            check_example_input(model, example)
+        except ValueError as err:
+            raise ValueError(f"{err} (--input-shape, without the batch size)") from None
     if source.warning:
         print(f"feather-sparse export: warning: {source.warning}", file=sys.stderr)
     if source.baked == "current":
@@ -116,8 +151,8 @@ def run(command: str, args: argparse.Namespace) -> int:
             f"sparsity {info.sparsity:.4f})"
         )
     if args.onnx is not None:
-        example = torch.randn(2, *_input_shape(model, args.input_shape))
-        opset = export_onnx(model, args.onnx, example, opset=args.opset)
+        assert example is not None
+        opset = export_onnx(model, args.onnx, example, opset=opset)
         message = f"wrote {args.onnx} (opset {opset})"
         try:
             diff = verify_onnx(model, args.onnx, example)

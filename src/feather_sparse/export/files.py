@@ -11,20 +11,28 @@ is :func:`feather_sparse.integrity.write_atomic`.
 from __future__ import annotations
 
 import errno
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from feather_sparse.export.header import FORMAT_NAME
 from feather_sparse.run_files import CHECKPOINTS_DIR
 
 __all__ = ["check_writable", "sniff"]
 
+# What check_writable calls a safetensors file that another program wrote:
+# sniff() tells it from a .fsp only by its first bytes, and it must never be
+# replaced by one.
+_OTHER_SAFETENSORS = "other-safetensors"
 # The kinds of file export writes or finds in the way, for people: the names
-# sniff() gives, and "onnx" (written, never sniffed).
+# sniff() gives, "onnx" (written, never sniffed) and other safetensors files.
 _KINDS = {
     "safetensors": "a sparse checkpoint (.fsp)",
     "zip": "a PyTorch checkpoint (a training run's last.pt, or another torch.save file)",
     "onnx": "an ONNX model",
+    _OTHER_SAFETENSORS: "a safetensors file that is not a feather-sparse checkpoint "
+    "(a Hugging Face model.safetensors, say)",
 }
 
 
@@ -40,8 +48,9 @@ def check_writable(
     An existing file of the same kind is replaced (re-exporting a model
     overwrites the old ``model.fsp``), and so is a file :func:`sniff` cannot
     tell (an ONNX file, a text file). An existing file of another known kind
-    is not: writing a ``.fsp`` over a training checkpoint, or an ONNX model
-    over a ``.fsp``, would destroy it without a word.
+    is not: writing a ``.fsp`` over a training checkpoint, over a safetensors
+    file another program wrote (a Hugging Face ``model.safetensors``), or an
+    ONNX model over a ``.fsp``, would destroy it without a word.
 
     Args:
         target: the file to write.
@@ -56,7 +65,8 @@ def check_writable(
         IsADirectoryError: ``target`` is a folder.
         NotADirectoryError: a parent of ``target`` is a file.
         FileExistsError: ``target`` is (or lies in) something in ``reads``, or
-            is an existing file of another kind than ``kind``.
+            is an existing file of another kind than ``kind`` (for a ``.fsp``:
+            any safetensors file that is not a feather-sparse checkpoint).
     """
     if target.is_dir():
         raise IsADirectoryError(
@@ -113,13 +123,48 @@ def _example(target: Path, example: str) -> str:
 
 
 def _existing_kind(target: Path) -> str | None:
-    """The kind of the file at ``target`` (see :func:`sniff`); None if none or unknown."""
+    """The kind of the file at ``target`` (see :func:`sniff`); None if none or unknown.
+
+    A safetensors file whose header names another format than feather-sparse's
+    is :data:`_OTHER_SAFETENSORS`; one whose header cannot be read (a damaged
+    ``.fsp``, say) counts as a ``.fsp``, which a new export may replace.
+    """
     if not target.is_file():
         return None
     try:
-        return sniff(target)
+        kind = sniff(target)
+        if kind == "safetensors" and _safetensors_format(target) not in (None, FORMAT_NAME):
+            return _OTHER_SAFETENSORS
     except OSError:  # unreadable: the write will say what is wrong
         return None
+    return kind
+
+
+# A safetensors header longer than this is not read (the format caps it at 100 MB).
+_MAX_HEADER_BYTES = 100_000_000
+
+
+def _safetensors_format(path: Path) -> str | None:
+    """The ``format`` a safetensors file's ``__metadata__`` names; None if unreadable.
+
+    A file without that entry (what another program wrote) gives ``""``.
+    """
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        if length > _MAX_HEADER_BYTES:
+            return None
+        text = f.read(length)
+    if len(text) != length:
+        return None
+    try:
+        header = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    metadata = header.get("__metadata__")
+    name = metadata.get("format") if isinstance(metadata, dict) else None
+    return name if isinstance(name, str) else ""
 
 
 # The first bytes of the files feather-sparse reads: a safetensors file starts

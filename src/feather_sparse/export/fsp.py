@@ -82,6 +82,7 @@ and dense tensors are always stored as is.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import importlib
 import json
@@ -206,6 +207,68 @@ def _model_spec(model: nn.Module) -> dict[str, Any] | None:
     return out
 
 
+def _unwrap_compiled(model: nn.Module) -> nn.Module:
+    """The module a ``torch.compile`` wrapper (``OptimizedModule``) holds, else ``model``.
+
+    A compiled model's ``state_dict`` prefixes every key with ``_orig_mod.``,
+    which no plain model (nor the one its spec rebuilds) has.
+    """
+    # No compiled model can exist unless torch._dynamo was imported: never import it here.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    while optimized is not None and isinstance(model, optimized):
+        inner = getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
+    return model
+
+
+def _spec_skeleton(spec: Mapping[str, Any]) -> nn.Module:
+    """The model ``spec`` names, built on the ``meta`` device when it can be (shapes, no memory).
+
+    Raises:
+        Exception: whatever ``create_model`` raises for a spec it cannot build.
+    """
+    name, kwargs = str(spec["name"]), dict(spec.get("kwargs") or {})
+    try:
+        with torch.device("meta"):
+            return models.create_model(name, **kwargs)
+    except Exception:  # cannot be built on meta: build it for real
+        logger.debug("%s cannot be built on the meta device", _describe_spec(spec), exc_info=True)
+    return models.create_model(name, **kwargs)
+
+
+def _fitting_spec(model: nn.Module, state: Mapping[str, Tensor]) -> dict[str, Any] | None:
+    """The model's spec, if the model it rebuilds has ``state``'s keys and shapes; else None.
+
+    A model changed after ``create_model`` built it (a new head, say) no longer
+    fits its spec: the file is written without one, with a warning, so that it
+    never claims an architecture its tensors do not fit. A spec that cannot be
+    built here (a model registered elsewhere) is kept as it is.
+    """
+    spec = _model_spec(model)
+    if spec is None or "name" not in spec:
+        return spec
+    try:
+        skeleton = _spec_skeleton(spec)
+    except Exception:  # unknown here (another registry), or not buildable: keep it unchecked
+        logger.debug("cannot check model spec %s", _describe_spec(spec), exc_info=True)
+        return spec
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    problems = _differences(expected, shapes, names=("spec", "model"))
+    if not problems:
+        return spec
+    logger.warning(
+        "the model no longer matches how create_model built it (%s): %s; the file is written "
+        "without that model spec, so load it into the model itself: load_sparse(path, model)",
+        _describe_spec(spec),
+        "; ".join(problems),
+    )
+    return None
+
+
 # Non-floating dtypes a .fsp stores (raw bytes); every floating and complex dtype is stored too.
 _STORED_INTEGER_DTYPES = frozenset(
     {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
@@ -318,9 +381,13 @@ def save_sparse(
     parametrizations is saved with its raw (unthresholded, dense) tensors.
 
     Args:
-        model: the model (or a ``state_dict``). When it came from
-            ``create_model`` its ``feather_model_spec`` is stored, so
-            ``load_sparse(path)`` can rebuild it.
+        model: the model (or a ``state_dict``); a model wrapped by
+            ``torch.compile`` is saved as the model it wraps (plain keys).
+            When it came from ``create_model`` its ``feather_model_spec`` is
+            stored, so ``load_sparse(path)`` can rebuild it; a model changed
+            since (a new head, say), whose tensors that spec no longer
+            builds, is saved without it, with a warning (load it with
+            ``load_sparse(path, model)``).
         path: the file to write (conventionally ``*.fsp``); written atomically.
         values: precision of the stored non-zeros: ``"fp32"`` (lossless),
             ``"fp16"`` or ``"bf16"``.
@@ -371,13 +438,14 @@ def save_sparse(
     check_writable(target)
 
     if isinstance(model, nn.Module):
+        model = _unwrap_compiled(model)  # torch.compile: the keys of the model itself
         if any(parametrize.is_parametrized(m) for m in model.modules()):
             logger.warning(
                 "the model still has parametrizations (a Pruner not finalized?); "
                 "their raw dense tensors are saved. Call pruner.finalize() first."
             )
         state = model.state_dict()
-        spec = _model_spec(model)
+        spec = _fitting_spec(model, state)
     else:
         state, spec = dict(model), None
 
@@ -565,22 +633,24 @@ def load_sparse_state_dict(
     return _decode_all(info, data), info
 
 
-def _check_architecture(model: nn.Module, info: SparseFileInfo, hint: str = "") -> None:
-    """Raise a ``ValueError`` naming every difference between the file's tensors and the model's.
+def _differences(
+    expected: Mapping[str, tuple[int, ...]],
+    declared: Mapping[str, tuple[int, ...]],
+    names: tuple[str, str] = ("model", "file"),
+) -> list[str]:
+    """What differs between a model's tensors (``expected``) and a file's (``declared``).
 
-    Reads shapes only, so ``model`` may live on the ``meta`` device.
+    Both map ``state_dict`` keys to shapes; the answer is empty when they agree.
+    ``names`` are what the two sides are called in the answer.
     """
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    declared = {r.name: r.shape for r in info.tensors}
+    ours, theirs = names
     missing = [k for k in expected if k not in declared]
     unexpected = [k for k in declared if k not in expected]
     shapes = [
-        f"{k}: file {declared[k]} vs model {expected[k]}"
+        f"{k}: {theirs} {declared[k]} vs {ours} {expected[k]}"
         for k in expected
         if k in declared and declared[k] != expected[k]
     ]
-    if not (missing or unexpected or shapes):
-        return
 
     def listing(items: list[str]) -> str:
         return ", ".join(items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
@@ -589,10 +659,23 @@ def _check_architecture(model: nn.Module, info: SparseFileInfo, hint: str = "") 
     if shapes:
         problems.append(f"shape mismatch: {listing(shapes)}")
     if missing:
-        problems.append(f"missing from the file: {listing(missing)}")
+        problems.append(f"missing from the {theirs}: {listing(missing)}")
     if unexpected:
-        problems.append(f"not in the model: {listing(unexpected)}")
-    if any("parametrizations." in k for k in missing + unexpected):
+        problems.append(f"not in the {ours}: {listing(unexpected)}")
+    return problems
+
+
+def _check_architecture(model: nn.Module, info: SparseFileInfo, hint: str = "") -> None:
+    """Raise a ``ValueError`` naming every difference between the file's tensors and the model's.
+
+    Reads shapes only, so ``model`` may live on the ``meta`` device.
+    """
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    declared = {r.name: r.shape for r in info.tensors}
+    problems = _differences(expected, declared)
+    if not problems:
+        return
+    if any("parametrizations." in k for k in set(expected) ^ set(declared)):
         hint = " (one side has parametrizations: finalize the Pruner or load into a plain model)"
     model_spec = getattr(model, MODEL_SPEC_ATTR, None)
     raise ValueError(
@@ -609,13 +692,16 @@ def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) ->
 
     The architecture is checked first: every missing, unexpected or
     differently shaped tensor is named in the error. Tensors are copied into
-    the model's own parameters and buffers (keeping its device); the model's
-    train/eval mode is left as it is.
+    the model's own parameters and buffers (keeping its device and dtypes);
+    the model's train/eval mode is left as it is. A model wrapped by
+    ``torch.compile`` is loaded through the model it wraps.
 
     Args:
         path: a file written by :func:`save_sparse`.
         model: the model to load into. ``None`` rebuilds it with
-            ``create_model`` from the model spec stored in the file.
+            ``create_model`` from the model spec stored in the file, in the
+            dtypes of the file's tensors (a float64 or float16 model comes
+            back as it was saved, bit for bit).
 
     Returns:
         The model with the checkpoint's weights.
@@ -627,7 +713,7 @@ def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) ->
         ValueError: for a truncated or corrupted file, another format version,
             a model of another architecture (checked before the model is
             built when ``model`` is ``None``), or ``model=None`` with a file
-            that has no model spec.
+            that has no model spec, or whose spec does not build its tensors.
     """
     _check_byte_order()
     if model is not None and not isinstance(model, nn.Module):
@@ -641,26 +727,47 @@ def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) ->
             f"file's model spec; got {type(model).__name__}{hint}"
         )
     info, data = _read(path, with_data=True)
+    info = _without_compile_prefix(info)
     if model is None:
         model = _model_from_spec(info)
-    _check_architecture(model, info)
-    model.load_state_dict(_decode_all(info, data), strict=True)
+    target = _unwrap_compiled(model)
+    _check_architecture(target, info)
+    target.load_state_dict(_decode_all(info, data), strict=True)
     return model
+
+
+_COMPILED_PREFIX = "_orig_mod."
+
+
+def _without_compile_prefix(info: SparseFileInfo) -> SparseFileInfo:
+    """``info`` with the ``_orig_mod.`` prefix dropped when every tensor name has it.
+
+    Files saved from a model wrapped by ``torch.compile``, before
+    :func:`save_sparse` unwrapped it, name every tensor so; they load into the
+    plain model.
+    """
+    if not info.tensors or not all(r.name.startswith(_COMPILED_PREFIX) for r in info.tensors):
+        return info
+    tensors = tuple(
+        dataclasses.replace(r, name=r.name.removeprefix(_COMPILED_PREFIX)) for r in info.tensors
+    )
+    return dataclasses.replace(info, tensors=tensors)
 
 
 def _model_from_spec(info: SparseFileInfo) -> nn.Module:
     """Build the model the file's spec names, once its tensors are known to fit it.
 
     The spec is first built on the ``meta`` device (shapes, no memory) and
-    checked against the tensors the header declares, so an edited or damaged
-    spec (say, a width that makes a 600 MB model) fails before anything is
-    allocated.
+    checked against the tensors the header declares, so a spec that does not
+    fit (a width that makes a 600 MB model, say) fails before anything is
+    allocated. The model is then built, and its floating-point parameters and
+    buffers given the dtypes of the file's tensors, so that loading is bit-exact.
     """
     spec = info.model_spec
     if not spec or "name" not in spec:
         raise ValueError(
-            f"{info.path} has no model spec (the model did not come from create_model); "
-            "pass the model to load into: load_sparse(path, model)"
+            f"{info.path} has no model spec (the model did not come from create_model, or was "
+            "changed since); pass the model to load into: load_sparse(path, model)"
         )
 
     name, kwargs = str(spec["name"]), dict(spec.get("kwargs") or {})
@@ -673,12 +780,40 @@ def _model_from_spec(info: SparseFileInfo) -> nn.Module:
         _check_architecture(
             skeleton,
             info,
-            hint=" (the file's model spec does not fit its own tensors: "
-            "the header was edited or damaged; pass the model to load into)",
+            hint=" (the file's model spec does not fit its own tensors: the model was changed "
+            "after create_model built it, a new head say, or the header was edited; load it "
+            "into the model it was saved from: load_sparse(path, model))",
         )
     try:
-        return models.create_model(name, **kwargs)
+        model = models.create_model(name, **kwargs)
     except TypeError as err:
         raise ValueError(
             f"{info.path}: its model spec {_describe_spec(spec)} cannot be built ({err})"
         ) from None
+    _cast_to_file_dtypes(model, info)
+    return model
+
+
+def _cast_to_file_dtypes(model: nn.Module, info: SparseFileInfo) -> None:
+    """Give each floating parameter and buffer of ``model`` its file tensor's dtype, in place.
+
+    ``create_model`` builds in the default dtype (float32); a model saved in
+    float64, float16 or bfloat16 (or partly so) is loaded back in its own
+    dtypes instead of being rounded into float32. Tensors the file stores in
+    the model's dtype are left alone, so a float32 model is built as before.
+    """
+    dtypes = {r.name: _dtype_from_name(r.dtype) for r in info.tensors}
+    for module_name, module in model.named_modules():
+        prefix = f"{module_name}." if module_name else ""
+        for slots in (module._parameters, module._buffers):
+            for name, tensor in slots.items():
+                dtype = dtypes.get(prefix + name)
+                if tensor is None or dtype is None or tensor.dtype == dtype:
+                    continue
+                if not (tensor.is_floating_point() and dtype.is_floating_point):
+                    continue  # load_state_dict converts (or refuses) as it always did
+                with torch.no_grad():
+                    if isinstance(tensor, nn.Parameter):
+                        tensor.data = tensor.data.to(dtype)  # the same Parameter object
+                    else:
+                        slots[name] = tensor.to(dtype)

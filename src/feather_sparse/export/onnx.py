@@ -1,4 +1,11 @@
-"""ONNX export of a finalized (dense-format) model, and its check in onnxruntime."""
+"""ONNX export of a finalized (dense-format) model, and its check in onnxruntime.
+
+The model is exported in memory and written atomically
+(:func:`feather_sparse.integrity.write_atomic`): a failed export never leaves
+half a file where a good one was. :func:`onnx_opset` and
+:func:`check_example_input` are the checks :func:`export_onnx` makes before
+the slow part, for callers that must make them before writing anything else.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +22,16 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from feather_sparse.export.files import check_writable
+from feather_sparse.integrity import (
+    DiskFullError,
+    NotWritableError,
+    _os_error,
+    _temp_in,
+    remove_stale_temps,
+    write_atomic,
+)
 
-__all__ = ["export_onnx", "verify_onnx"]
+__all__ = ["check_example_input", "export_onnx", "onnx_opset", "verify_onnx"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +70,163 @@ def _oldest_opset(exporter: str) -> int:
     return int(getattr(constants, "ONNX_MIN_OPSET", _LEGACY_MIN_OPSET))
 
 
-def _opset_of(onnx: Any, path: Path) -> int:
-    """The default-domain opset a written ONNX file declares."""
-    proto = onnx.load(str(path), load_external_data=False)
+def _opset_of(proto: Any) -> int:
+    """The default-domain opset an ONNX ``ModelProto`` declares."""
     return max(int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _onnx_setup(opset: int | None) -> tuple[Any, str, int]:
+    """The ``onnx`` module, the exporter that will run, and the opset it will write.
+
+    Raises:
+        ValueError: if ``onnx`` is not installed or ``opset`` is outside what
+            the exporter writes.
+    """
+    try:
+        onnx = importlib.import_module("onnx")
+    except ImportError:
+        raise ValueError(
+            "ONNX export needs the onnx package: pip install 'feather-sparse[onnx]'"
+        ) from None
+    exporter, exporter_max = _onnx_exporter()
+    newest = min(int(onnx.defs.onnx_opset_version()), exporter_max)
+    opset = newest if opset is None else int(opset)
+    if opset > newest:
+        raise ValueError(f"opset {opset} is newer than this setup exports ({exporter}: {newest})")
+    oldest = _oldest_opset(exporter)
+    if opset < oldest:
+        raise ValueError(
+            f"opset {opset} is older than this setup exports ({exporter}: {oldest} to {newest})"
+        )
+    return onnx, exporter, opset
+
+
+def onnx_opset(opset: int | None = None) -> int:
+    """The opset :func:`export_onnx` writes for ``opset`` here; checks the setup, writes nothing.
+
+    What ``feather-sparse export --onnx`` checks before it writes any file.
+
+    Args:
+        opset: the opset asked for; ``None`` for the default (see :func:`export_onnx`).
+
+    Returns:
+        The opset that will be written.
+
+    Raises:
+        ValueError: if ``onnx`` is not installed, or ``opset`` is outside what
+            the exporter writes.
+    """
+    return _onnx_setup(opset)[2]
+
+
+def _check_is_tensor(example_input: object) -> None:
+    if not isinstance(example_input, Tensor):
+        raise TypeError(
+            "example_input must be one tensor, an input batch of at least 2 samples "
+            f"(e.g. torch.randn(2, 1, 40)), got {type(example_input).__name__}; "
+            "export_onnx exports models that take a single input"
+        )
+
+
+def check_example_input(model: nn.Module, example_input: Tensor) -> None:
+    """Raise unless ``model`` (in eval mode) runs on ``example_input``; writes nothing.
+
+    The first check of :func:`export_onnx`, so that a wrong input shape fails
+    in one line rather than deep in the exporter (and, from the command line,
+    before any file is written). The model's train/eval mode is restored.
+
+    Raises:
+        TypeError: if ``example_input`` is not one tensor.
+        ValueError: if the model does not run on it, naming its shape.
+    """
+    _check_is_tensor(example_input)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            model(example_input)
+    except (RuntimeError, ValueError, IndexError, TypeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"the model does not run on an input of shape {tuple(example_input.shape)} "
+            f"and dtype {str(example_input.dtype).removeprefix('torch.')} ({first}); "
+            "give the shape of one sample the model takes"
+        ) from None
+    finally:
+        model.train(was_training)
+
+
+# Above this many bytes of weights, torch's torch.export-based exporter saves
+# them to a separate "<file>.data" (protobuf caps one message at 2 GiB).
+_LARGE_MODEL_BYTES = 1_610_612_736
+# What one ONNX file (a protobuf message) holds at most.
+_PROTOBUF_LIMIT = 2**31
+
+
+def _large_model_bytes() -> int:
+    try:
+        program = importlib.import_module("torch.onnx._internal.exporter._onnx_program")
+    except ImportError:
+        return _LARGE_MODEL_BYTES
+    return int(getattr(program, "_LARGE_MODEL_THRESHOLD", _LARGE_MODEL_BYTES))
+
+
+def _weights_bytes(model: nn.Module) -> int:
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _unchanged(err: OSError, target: Path) -> OSError:
+    """``err`` as one line naming ``target`` and saying it is unchanged (a full disk, say)."""
+    out = _os_error(err, target, "writing")  # DiskFullError, NotWritableError
+    if out is err:
+        out = OSError(
+            err.errno,
+            f"could not write {target} ({err.strerror or err}); {target.name} is unchanged",
+        )
+    return out
+
+
+def _write(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` atomically; an error names the file and says it is unchanged."""
+    try:
+        write_atomic(target, data)
+    except (DiskFullError, NotWritableError):
+        raise  # their messages name the file and the fix
+    except OSError as err:
+        raise _unchanged(err, target) from err
+
+
+def _save_with_external_data(program: Any, target: Path) -> None:
+    """Save a large exported program as ``target`` plus its weights in ``<target>.data``.
+
+    Each file is written to a temporary file and renamed into place, the
+    weights first: a failure (a full disk) while writing either leaves the
+    old ``.onnx`` as it was; only a kill between the two renames leaves an old
+    ``.onnx`` beside the new weights.
+    """
+    ir = importlib.import_module("onnx_ir")
+    data_name = f"{target.name}.data"
+    check_writable(target.with_name(data_name), "model.onnx.data", kind="onnx")
+    try:
+        fd, tmp = _temp_in(target.parent, target.name)
+    except OSError as err:
+        raise _unchanged(err, target) from err
+    os.close(fd)
+    try:
+        # onnx_ir writes the weights to a temporary file and renames it over
+        # <target>.data; the graph goes to our temporary file, then over target.
+        ir.save(program.model, tmp, external_data=data_name)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise _unchanged(err, target) from err
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    remove_stale_temps(target)
 
 
 def export_onnx(
@@ -77,6 +245,14 @@ def export_onnx(
     knows opset 28; torch 2.13 exports at most 23, or 20 with the legacy
     exporter).
 
+    The model is exported first (in memory, or to a temporary file beside
+    ``path`` for the legacy exporter) and ``path`` then written atomically (a
+    temporary file renamed over it), so a failure, a full disk or a kill
+    leaves an existing file at ``path`` as it was. A model with more
+    than 1.5 GiB of weights is written as torch writes it, in two files:
+    ``path`` and its weights in ``<path>.data``, each atomically, the weights
+    first (that needs ``onnxscript``: the legacy exporter cannot write it).
+
     Args:
         model: the model (put in eval mode for the export).
         path: the ``.onnx`` file to write.
@@ -85,53 +261,37 @@ def export_onnx(
         opset: the ONNX opset; ``None`` picks the default above.
 
     Returns:
-        The opset written (read back from the file).
+        The opset written.
 
     Raises:
         TypeError: if ``example_input`` is not one tensor.
         ValueError: if ``onnx`` is not installed, ``opset`` is outside what
-            the exporter writes, or the model does not run on ``example_input``.
-        OSError: if ``path`` is a folder, or holds a file of another kind (a
-            ``.fsp`` or a training checkpoint: ``FileExistsError``), which is
-            then left as it was.
+            the exporter writes, the model does not run on ``example_input``,
+            or it is too large for the legacy exporter (over 2 GiB of weights).
+        OSError: if ``path`` is a folder, holds a file of another kind (a
+            ``.fsp`` or a training checkpoint: ``FileExistsError``), or cannot
+            be written (a full disk:
+            :class:`~feather_sparse.integrity.DiskFullError`); an existing
+            file at ``path`` is then left as it was.
     """
-    if not isinstance(example_input, Tensor):
-        raise TypeError(
-            "example_input must be one tensor, an input batch of at least 2 samples "
-            f"(e.g. torch.randn(2, 1, 40)), got {type(example_input).__name__}; "
-            "export_onnx exports models that take a single input"
-        )
+    _check_is_tensor(example_input)
     target = Path(path)
     check_writable(target, "model.onnx", kind="onnx")
-    try:
-        onnx = importlib.import_module("onnx")
-    except ImportError:
+    onnx, exporter, opset = _onnx_setup(opset)
+    if exporter == "legacy" and _weights_bytes(model) >= _PROTOBUF_LIMIT:
         raise ValueError(
-            "ONNX export needs the onnx package: pip install 'feather-sparse[onnx]'"
-        ) from None
-    exporter, exporter_max = _onnx_exporter()
-    newest = min(int(onnx.defs.onnx_opset_version()), exporter_max)
-    opset = newest if opset is None else int(opset)
-    if opset > newest:
-        raise ValueError(f"opset {opset} is newer than this setup exports ({exporter}: {newest})")
-    oldest = _oldest_opset(exporter)
-    if opset < oldest:
-        raise ValueError(
-            f"opset {opset} is older than this setup exports ({exporter}: {oldest} to {newest})"
+            f"the model's weights ({_weights_bytes(model) / 2**30:.1f} GiB) do not fit in one ONNX "
+            "file (2 GiB) and the legacy exporter cannot write them beside it: install "
+            "onnxscript (pip install 'feather-sparse[onnx]'), whose exporter writes them to "
+            f"{target.name}.data"
         )
+    check_example_input(model, example_input)  # a wrong shape fails here, in one line
     target.parent.mkdir(parents=True, exist_ok=True)
     was_training = model.training
     model.eval()
+    program: Any = None
+    data: bytes | None = None
     try:
-        try:  # a wrong input shape fails here in one line, not deep in the exporter
-            with torch.inference_mode():
-                model(example_input)
-        except (RuntimeError, ValueError, IndexError, TypeError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(
-                f"the model does not run on an input of shape {tuple(example_input.shape)} "
-                f"({first}); give the shape of one sample the model takes"
-            ) from None
         with warnings.catch_warnings():
             # Noise from torch's own exporter internals (torch 2.13), not actionable here.
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
@@ -149,18 +309,8 @@ def export_onnx(
                     verbose=False,
                 )
                 assert program is not None
-                program.save(str(target))
             else:
-                torch.onnx.export(
-                    model,
-                    (example_input,),
-                    str(target),
-                    dynamo=False,
-                    opset_version=opset,
-                    input_names=["input"],
-                    output_names=["output"],
-                    dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
-                )
+                data = _legacy_export(model, example_input, opset, target)
     except Exception as err:
         attached = [n for n, m in model.named_modules() if parametrize.is_parametrized(m)]
         if not attached:
@@ -175,11 +325,62 @@ def export_onnx(
         ) from err
     finally:
         model.train(was_training)
-    written = _opset_of(onnx, target)
-    if written != opset:
+    large = program is not None and _initializer_bytes(program) > _large_model_bytes()
+    if large:
+        written = int(program.model.opset_imports.get("", opset))
+    else:
+        proto = program.model_proto if program is not None else onnx.load_model_from_string(data)
+        written = _opset_of(proto)
+        if program is not None:
+            data = proto.SerializeToString()
+    if written != opset:  # checked before the file is written: a wrong one never lands
         raise ValueError(f"asked for opset {opset}, but the {exporter} exporter wrote {written}")
+    if large:
+        _save_with_external_data(program, target)
+    else:
+        assert data is not None
+        _write(target, data)
     logger.info("wrote %s (opset %d, %s exporter)", target, written, exporter)
     return written
+
+
+def _legacy_export(model: nn.Module, example_input: Tensor, opset: int, target: Path) -> bytes:
+    """The bytes of the legacy exporter's ONNX file, exported to a temporary file beside ``target``.
+
+    The temporary file (named as :func:`~feather_sparse.integrity.write_atomic`
+    names its own, so that one a killed process leaves is removed by the next
+    write) is removed afterwards; ``target`` is not touched.
+    """
+    try:
+        fd, tmp = _temp_in(target.parent, target.name)
+    except OSError as err:
+        raise _unchanged(err, target) from err
+    os.close(fd)
+    try:
+        torch.onnx.export(
+            model,
+            (example_input,),
+            tmp,
+            dynamo=False,
+            opset_version=opset,
+            input_names=["input"],
+            output_names=["output"],
+            dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+        )
+        return Path(tmp).read_bytes()
+    except OSError as err:
+        raise _unchanged(err, target) from err
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _initializer_bytes(program: Any) -> int:
+    """Bytes of the weights stored in an exported program's graph."""
+    return sum(
+        int(v.const_value.nbytes)
+        for v in program.model.graph.initializers.values()
+        if v.const_value is not None
+    )
 
 
 def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) -> float:
@@ -189,7 +390,8 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) 
         The largest absolute difference between the two outputs.
 
     Raises:
-        ValueError: if ``onnxruntime`` is not installed.
+        ValueError: if ``onnxruntime`` is not installed, or cannot run the
+            file (it has no CPU kernel for some operator in float64, say).
     """
     try:
         ort = importlib.import_module("onnxruntime")
@@ -197,9 +399,14 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) 
         raise ValueError(
             "verifying ONNX needs onnxruntime: pip install 'feather-sparse[onnx]'"
         ) from None
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    feed = {session.get_inputs()[0].name: inputs.detach().cpu().numpy()}
-    onnx_out = torch.from_numpy(session.run(None, feed)[0])
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feed = {session.get_inputs()[0].name: inputs.detach().cpu().numpy()}
+        onnx_out = torch.from_numpy(session.run(None, feed)[0])
+    except Exception as err:  # onnxruntime's errors derive from Exception alone
+        text = str(err).strip()
+        first = text.splitlines()[0] if text else type(err).__name__
+        raise ValueError(f"onnxruntime cannot run {path} ({first[:300]})") from err
     was_training = model.training
     model.eval()
     try:

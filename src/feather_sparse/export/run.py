@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,7 @@ from torch import nn
 from feather_sparse import models
 from feather_sparse.export.files import sniff
 from feather_sparse.export.fsp import inspect_sparse, load_sparse
+from feather_sparse.nm import NMBackbone
 from feather_sparse.pruner import Pruner
 from feather_sparse.run_files import (
     CHECKPOINTS_DIR,
@@ -35,7 +37,13 @@ from feather_sparse.run_files import (
     read_latest_checkpoint,
 )
 
-__all__ = ["ExportSource", "load_export_source", "resolve_source", "source_paths"]
+__all__ = [
+    "ExportSource",
+    "PatternSparsityError",
+    "load_export_source",
+    "resolve_source",
+    "source_paths",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +176,7 @@ def _from_training_checkpoint(
             raise ValueError(f"{path}: its Pruner state is damaged ({err!r})") from None
         target = float(pruner.sparsity)
         if sparsity is not None:
+            _check_pattern_sparsity(path, pruner, sparsity)
             trained = f"trained at sparsity {pruner.sparsity_achieved():.4f}"
             if progress is not None:
                 trained += f" to {progress}"
@@ -218,6 +227,37 @@ def _from_training_checkpoint(
     )
 
 
+class PatternSparsityError(ValueError):
+    """An N:M run asked to be exported at another sparsity than its pattern's.
+
+    Attributes:
+        reason: what is wrong, without the remedy (which depends on how the
+            sparsity was given: ``sparsity=`` here, ``--sparsity`` on the
+            command line).
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason}; export it at its pattern's sparsity (sparsity=None)")
+        self.reason = reason
+
+
+def _check_pattern_sparsity(path: Path, pruner: Pruner, sparsity: float) -> None:
+    """Raise :class:`PatternSparsityError` for an N:M ``pruner`` and another sparsity than its own.
+
+    Checked before anything is baked: ``finalize`` would refuse it in terms
+    of its own arguments.
+    """
+    backbone = pruner.backbone
+    if not isinstance(backbone, NMBackbone):
+        return
+    pattern = backbone.pattern
+    if not math.isclose(sparsity, pattern.sparsity, abs_tol=1e-9):
+        raise PatternSparsityError(
+            f"{path} was pruned to the {pattern} N:M pattern, which sets its sparsity to "
+            f"{pattern.sparsity:g}: it cannot be exported at sparsity {sparsity:g}"
+        )
+
+
 def _check_sparsity(sparsity: float | None) -> None:
     if sparsity is not None and not 0.0 <= sparsity < 1.0:
         raise ValueError(f"the sparsity to export at must be in [0, 1), got {sparsity}")
@@ -247,8 +287,10 @@ def load_export_source(source: Path, sparsity: float | None = None) -> ExportSou
     Raises:
         FileNotFoundError: if ``source`` does not exist or is a folder without a run.
         ValueError: if ``source`` is neither kind of file, is damaged
-            (:class:`~feather_sparse.integrity.IntegrityError`), or
-            ``sparsity`` does not apply to it.
+            (:class:`~feather_sparse.integrity.IntegrityError`), is a ``.fsp``
+            without a model spec (nothing to rebuild the model from), or
+            ``sparsity`` does not apply to it (:class:`PatternSparsityError`
+            for an N:M run and another sparsity than its pattern's).
     """
     source = Path(source)
     path = resolve_source(source)
@@ -267,9 +309,17 @@ def load_export_source(source: Path, sparsity: float | None = None) -> ExportSou
                 f"{path} is a finalized sparse checkpoint: a sparsity can only be chosen "
                 "when exporting a training checkpoint"
             )
+        info = inspect_sparse(path)
+        if not info.model_spec or "name" not in info.model_spec:
+            raise ValueError(
+                f"{path} holds no model architecture (no create_model spec: it was saved from a "
+                "model feather-sparse did not build, or one changed since), so the model cannot be "
+                "rebuilt from the file alone; in Python, load it into the model it was saved "
+                "from: feather_sparse.load_sparse(path, model), then save_sparse(model, ...) or "
+                "export_onnx(model, ...)"
+            )
         model = load_sparse(path)
-        metadata: dict[str, Any] = dict(inspect_sparse(path).metadata)
-        return ExportSource(model=model.eval(), metadata=metadata, path=path)
+        return ExportSource(model=model.eval(), metadata=dict(info.metadata), path=path)
     raise ValueError(
         f"{path} is not a feather-sparse file: neither a sparse checkpoint (.fsp) nor a "
         "training checkpoint (.pt); it is damaged or another kind of file"
