@@ -227,3 +227,17 @@ def test_onnx_export_failure_with_a_pruner_attached_says_finalize(
     with pytest.raises(ValueError, match=r"aten\.view\.dtype\) on a model whose layers 0, 2"):
         fs.export_onnx(model, tmp_path / "m.onnx", torch.randn(4, 16))
     assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_nan_payloads_survive_the_encoding_bit_for_bit(dtype: torch.dtype) -> None:
+    """decode_nm moves bit patterns: a bfloat16 scatter on CPU would rewrite a NaN."""
+    w = nm_threshold(torch.randn(2, 8, generator=torch.Generator().manual_seed(0)), "2:4")
+    w = w.to(dtype)
+    kept = w.reshape(-1).nonzero().reshape(-1)
+    w.view(-1)[kept[0]] = float("nan")
+    w.view(-1)[kept[1]] = -float("nan")
+    values, indices = encode_nm(w, "2:4")
+    back = decode_nm(values, indices, w.shape, "2:4")
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[w.element_size()]
+    assert torch.equal(back.view(ints), w.view(ints))

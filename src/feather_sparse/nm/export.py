@@ -123,9 +123,19 @@ def decode_nm(
     positions = _unpack_bits(indices, pattern.index_bits, groups * pattern.n)
     positions = positions.reshape(groups, pattern.n)
     _check_positions(positions, pattern)
-    out = torch.zeros(groups, pattern.m, dtype=values.dtype, device=values.device)
-    out.scatter_(1, positions.to(values.device), values)
-    return out.reshape(shape)
+    bits = _INT_OF_SIZE.get(values.element_size()) if values.is_floating_point() else None
+    if bits is None:
+        out = torch.zeros(groups, pattern.m, dtype=values.dtype, device=values.device)
+        out.scatter_(1, positions.to(values.device), values)
+        return out.reshape(shape)
+    # Scatter the bit patterns, not the floats: some kernels (bfloat16 on CPU) rewrite a NaN.
+    raw = torch.zeros(groups, pattern.m, dtype=bits, device=values.device)
+    raw.scatter_(1, positions.to(values.device), values.contiguous().view(bits))
+    return raw.view(values.dtype).reshape(shape)
+
+
+#: The integer type of each float size, to move bit patterns unchanged.
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _check_positions(positions: Tensor, pattern: NMPattern) -> None:
