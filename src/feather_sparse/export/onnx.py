@@ -197,6 +197,20 @@ def _write(target: Path, data: bytes) -> None:
         raise _unchanged(err, target) from err
 
 
+def _new_temp(target: Path) -> str:
+    """An empty temporary file beside ``target`` (named as ``write_atomic`` names its own).
+
+    Raises:
+        OSError: naming ``target`` and saying it is unchanged.
+    """
+    try:
+        fd, tmp = _temp_in(target.parent, target.name)
+    except OSError as err:
+        raise _unchanged(err, target) from err
+    os.close(fd)
+    return tmp
+
+
 def _save_with_external_data(program: Any, target: Path) -> None:
     """Save a large exported program as ``target`` plus its weights in ``<target>.data``.
 
@@ -208,11 +222,7 @@ def _save_with_external_data(program: Any, target: Path) -> None:
     ir = importlib.import_module("onnx_ir")
     data_name = f"{target.name}.data"
     check_writable(target.with_name(data_name), "model.onnx.data", kind="onnx")
-    try:
-        fd, tmp = _temp_in(target.parent, target.name)
-    except OSError as err:
-        raise _unchanged(err, target) from err
-    os.close(fd)
+    tmp = _new_temp(target)
     try:
         # onnx_ir writes the weights to a temporary file and renames it over
         # <target>.data; the graph goes to our temporary file, then over target.
@@ -351,11 +361,7 @@ def _legacy_export(model: nn.Module, example_input: Tensor, opset: int, target: 
     names its own, so that one a killed process leaves is removed by the next
     write) is removed afterwards; ``target`` is not touched.
     """
-    try:
-        fd, tmp = _temp_in(target.parent, target.name)
-    except OSError as err:
-        raise _unchanged(err, target) from err
-    os.close(fd)
+    tmp = _new_temp(target)
     try:
         torch.onnx.export(
             model,
