@@ -121,16 +121,19 @@ def _mask_digest(pruner: fs.Pruner) -> list[int]:
     return out
 
 
-def _train_ddp(rank: int, pruner_first: bool) -> dict[str, Any]:
+def _train_ddp(rank: int, order: str) -> dict[str, Any]:
+    """``order``: the Pruner attached before DDP wraps the model (``pruner_first``), to
+    the wrapper after (``wrapped_first``), or to the module inside the wrapper after
+    (``inner``: what a framework's callback is given)."""
     # A different initialisation on every rank: DDP must broadcast rank 0's.
     model = conv1d_net(seed=rank)
     kwargs = {"sparsity": SPARSITY, "total_steps": STEPS, "schedule": "cubic"}
-    if pruner_first:
+    if order == "pruner_first":
         pruner = fs.Pruner(model, **kwargs)
         ddp = nn.parallel.DistributedDataParallel(model)
     else:
         ddp = nn.parallel.DistributedDataParallel(model)
-        pruner = fs.Pruner(ddp, **kwargs)
+        pruner = fs.Pruner(ddp.module if order == "inner" else ddp, **kwargs)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     thresholds, masks = [], []
     for step in range(STEPS):
@@ -314,13 +317,25 @@ def _fsdp2_other_backbones() -> dict[str, Any]:
     return out
 
 
+def _inner_with_unused_detection() -> str:
+    """The message when a callback attaches inside DDP with find_unused_parameters on."""
+    ddp = nn.parallel.DistributedDataParallel(conv1d_net(seed=0), find_unused_parameters=True)
+    try:
+        fs.Pruner(ddp.module, sparsity=SPARSITY, total_steps=STEPS)
+    except ValueError as err:
+        return str(err)
+    return ""
+
+
 def _all_scenarios(rank: int, world: int, root: str) -> dict[str, Any]:
     return {
         "train": _scenario_train(rank, world, Path(root)),
         "select": _scenario_select(rank, world),
         "stages": _scenario_stages(rank, world),
-        "ddp_pruner_first": _train_ddp(rank, pruner_first=True),
-        "ddp_wrapped_first": _train_ddp(rank, pruner_first=False),
+        "ddp_pruner_first": _train_ddp(rank, "pruner_first"),
+        "ddp_wrapped_first": _train_ddp(rank, "wrapped_first"),
+        "ddp_inner": _train_ddp(rank, "inner"),
+        "ddp_inner_unused": _inner_with_unused_detection(),
         "fsdp2": _scenario_fsdp2(rank, world),
     }
 
@@ -395,7 +410,7 @@ def test_layers_split_over_ranks_share_one_global_threshold(runs: list[dict[str,
     assert not torch.equal(selection.select_threshold(weights[0::2], SPARSITY), expected)
 
 
-@pytest.mark.parametrize("order", ["ddp_pruner_first", "ddp_wrapped_first"])
+@pytest.mark.parametrize("order", ["ddp_pruner_first", "ddp_wrapped_first", "ddp_inner"])
 def test_ddp_ranks_agree_on_thresholds_and_masks(runs: list[dict[str, Any]], order: str) -> None:
     r0, r1 = runs[0][order], runs[1][order]
     assert r0["thresholds"] == r1["thresholds"]
@@ -412,8 +427,18 @@ def test_ddp_ranks_agree_on_thresholds_and_masks(runs: list[dict[str, Any]], ord
     assert abs(r0["achieved"] - r0["scheduled"]) <= 1.0 / n
 
 
-def test_ddp_order_does_not_matter(runs: list[dict[str, Any]]) -> None:
-    a, b = runs[0]["ddp_pruner_first"], runs[0]["ddp_wrapped_first"]
+def test_attaching_inside_ddp_with_unused_detection_names_the_frameworks_fix(
+    runs: list[dict[str, Any]],
+) -> None:
+    message = runs[0]["ddp_inner_unused"]
+    assert "find_unused_parameters" in message
+    assert "TrainingArguments(ddp_find_unused_parameters=False)" in message
+    assert "DDPStrategy(find_unused_parameters=False)" in message
+
+
+@pytest.mark.parametrize("order", ["ddp_wrapped_first", "ddp_inner"])
+def test_ddp_order_does_not_matter(runs: list[dict[str, Any]], order: str) -> None:
+    a, b = runs[0]["ddp_pruner_first"], runs[0][order]
     assert a["thresholds"] == b["thresholds"]
     for x, y in zip(a["weights"], b["weights"]):
         assert torch.equal(x, y)

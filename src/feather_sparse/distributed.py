@@ -19,6 +19,7 @@ For plain tensors (one process, or DDP) nothing here communicates.
 from __future__ import annotations
 
 import functools
+import gc
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -218,12 +219,47 @@ def check_unsharded(model: nn.Module, weights: Sequence[Tensor], what: str) -> N
 
 
 # ------------------------------------------------------------------------- DDP
+def _enclosing_modules(model: nn.Module, depth: int = 4) -> list[nn.Module]:
+    """The modules that hold ``model`` as a submodule, up to ``depth`` levels up.
+
+    A training framework wraps the user's module (Lightning in its own wrapper,
+    then in DDP; the Hugging Face Trainer in DDP) before a callback sees it;
+    the wrappers are found through the ``_modules`` dictionaries that refer
+    to the module (the garbage collector's referrers, a few hops per level).
+    """
+    found: list[nn.Module] = []
+    level = [model]
+    for _ in range(depth):
+        parents: list[nn.Module] = []
+        for child in level:
+            for holder in gc.get_referrers(child):  # the parent's _modules dict
+                if not isinstance(holder, dict):
+                    continue
+                # the parent itself, or its instance __dict__ and then the parent
+                near = gc.get_referrers(holder)
+                far = [o for d in near if isinstance(d, dict) for o in gc.get_referrers(d)]
+                for owner in near + far:
+                    if (
+                        isinstance(owner, nn.Module)
+                        and owner._modules is holder
+                        and all(owner is not f for f in found + parents)
+                    ):
+                        parents.append(owner)
+        if not parents:
+            break
+        found += parents
+        level = parents
+    return found
+
+
 def ddp_reducer_indices(model: nn.Module) -> DDPIndices:
-    """Per ``DistributedDataParallel`` inside ``model``: where each parameter sits in its reducer.
+    """Per ``DistributedDataParallel`` inside or around ``model``: where each parameter
+    sits in its reducer.
 
     Needed when the Pruner is attached *after* DDP wrapping (see
-    :func:`reconnect_ddp`); taken before attaching, in DDP's own order (the
-    trainable, non-ignored parameters, in ``named_parameters`` order).
+    :func:`reconnect_ddp`): to the wrapper, or to the module inside it (what a
+    framework's callback is given); taken before attaching, in DDP's own order
+    (the trainable, non-ignored parameters, in ``named_parameters`` order).
 
     Raises:
         ValueError: for DDP options under which the reconnection is not sound.
@@ -231,7 +267,12 @@ def ddp_reducer_indices(model: nn.Module) -> DDPIndices:
     from torch.nn.parallel import DistributedDataParallel
 
     out = []
-    for ddp in model.modules():
+    import torch.distributed as dist
+
+    candidates = list(model.modules())
+    if dist.is_available() and dist.is_initialized():  # DDP needs a group: else nothing to find
+        candidates += _enclosing_modules(model)
+    for ddp in candidates:
         if not isinstance(ddp, DistributedDataParallel):
             continue
         if (
@@ -243,7 +284,11 @@ def ddp_reducer_indices(model: nn.Module) -> DDPIndices:
             raise ValueError(
                 "attach the Pruner before wrapping the model in DistributedDataParallel when DDP "
                 "uses find_unused_parameters, static_graph or mixed_precision: "
-                "pruner = Pruner(model, ...); model = DistributedDataParallel(model)"
+                "pruner = Pruner(model, ...); model = DistributedDataParallel(model); with a "
+                "framework's callback (which attaches after the framework wrapped the model), "
+                "turn find_unused_parameters off: Hugging Face "
+                "TrainingArguments(ddp_find_unused_parameters=False), Lightning "
+                "strategy=DDPStrategy(find_unused_parameters=False)"
             )
         ignore = ddp.parameters_to_ignore
         order = [p for n, p in ddp.module.named_parameters() if p.requires_grad and n not in ignore]
