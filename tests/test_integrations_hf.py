@@ -303,3 +303,43 @@ def test_bad_settings_are_refused_when_the_callback_is_made() -> None:
         FeatherCallback(0.5, backbone="globl")
     with pytest.raises(ValueError, match="finalize must be True or False"):
         FeatherCallback(0.5, finalize="no")  # type: ignore[arg-type]
+
+
+def tiny_gpt2() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=32)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def test_gpt2_conv1d_layers_are_pruned_by_default() -> None:
+    """GPT-2's attention and MLP weights are ``Conv1D`` layers (a Linear stored (in, out)),
+    neither ``nn.Linear`` nor ``nn.ConvNd``: the default include takes them."""
+    from transformers.pytorch_utils import Conv1D
+
+    model = tiny_gpt2()
+    convs = {n for n, m in model.named_modules() if isinstance(m, Conv1D)}
+    pruner = fs.Pruner(model, sparsity=0.5, total_steps=1, schedule="constant")
+    assert convs and convs <= {t.name for t in pruner.targets}
+    pruner.finalize()
+    zeros = sum(int((m.weight == 0).sum()) for n, m in model.named_modules() if n in convs)
+    assert zeros > 0.3 * sum(m.weight.numel() for n, m in model.named_modules() if n in convs)
+
+
+def test_gpt2_nm_groups_run_along_the_inputs_of_conv1d() -> None:
+    """A Conv1D weight is (in, out): its N:M groups run down the columns (the inputs),
+    which is what a 2:4 kernel on x @ W needs; training through it works."""
+    from transformers.pytorch_utils import Conv1D
+
+    model = tiny_gpt2()
+    pruner = fs.Pruner(model, pattern="2:4", exclude=["lm_head"])
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    model(ids, labels=ids).loss.backward()
+    pruner.finalize()
+    layers = [m for m in model.modules() if isinstance(m, Conv1D)]
+    assert layers
+    for layer in layers:
+        per_group = (layer.weight.t().reshape(-1, 4) != 0).sum(1)
+        assert (per_group == 2).all()
+    with pytest.raises(ValueError, match=r"stored \(in, out\)\) has 30 inputs"):
+        bad = Conv1D(8, 30)  # nf=8 outputs, nx=30 inputs
+        fs.Pruner(torch.nn.Sequential(bad), pattern="2:4", include=[Conv1D])

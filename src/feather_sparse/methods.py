@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -45,7 +44,7 @@ from torch import nn
 from feather_sparse.backbones import BACKBONES, Backbone
 from feather_sparse.nm.backbone import DEFAULT_PATTERN
 from feather_sparse.nm.methods import ONESHOT_START, SR_STE_DECAY
-from feather_sparse.nm.operator import NMPattern, check_layout
+from feather_sparse.nm.operator import NMPattern, check_layout, layer_order
 from feather_sparse.ops import OPERATORS, Operator
 from feather_sparse.pruner import Pruner, _find_targets
 from feather_sparse.pruner_config import PrunerConfig
@@ -510,13 +509,12 @@ def _leave_misfits_dense(model: nn.Module, settings: PrunerConfig) -> PrunerConf
     asked directly, raises instead, so nothing is skipped silently there.)
     """
     pattern = NMPattern.parse(settings.pattern or "")
-    backbone = settings.make_backbone()
-    by_channels = getattr(backbone, "conv_order", "flat") == "channels"
+    conv_order = getattr(settings.make_backbone(), "conv_order", "flat")
     misfits = []
     for t in _find_targets(model, settings.include, settings.exclude, settings.min_params):
-        channels = by_channels and math.prod(t.weight.shape[2:]) > 1
+        order = layer_order(t.module, t.weight, conv_order)
         try:
-            check_layout(t.name, t.module, t.weight, pattern, channels)
+            check_layout(t.name, t.module, t.weight, pattern, order)
         except ValueError:
             misfits.append(t.name)
     if not misfits:

@@ -46,6 +46,7 @@ from feather_sparse.backbones import (
     layer_thresholds_at_most,
 )
 from feather_sparse.nm import NMBackbone, NMPattern
+from feather_sparse.nm.operator import is_transposed_linear
 from feather_sparse.ops import Operator, OutputCache, ThresholdOperator, compute_dtype
 from feather_sparse.pruner_config import DEFAULT_INCLUDE, FORMAT_VERSION, PrunerConfig, auto_theta
 from feather_sparse.rules import check_sparsity
@@ -234,12 +235,18 @@ def _find_targets(
     """
     types = tuple(i for i in include if isinstance(i, type))
     names = [i for i in include if isinstance(i, str)]
+    # The default also takes the (in, out)-stored Linear of Hugging Face's GPT-2 family.
+    default = tuple(include) == DEFAULT_INCLUDE
     modules = dict(model.named_modules())
     _check_names_exist(modules, names, "include", children=False)
     _check_names_exist(modules, exclude, "exclude", children=True)
     targets = []
     for name, module in modules.items():
-        if not (isinstance(module, types) or (names and _matches(name, names, children=False))):
+        if not (
+            isinstance(module, types)
+            or (default and is_transposed_linear(module))
+            or (names and _matches(name, names, children=False))
+        ):
             continue
         if _matches(name, exclude, children=True):
             continue

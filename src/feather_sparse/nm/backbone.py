@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget
+from feather_sparse.distributed import dtensor_type
 from feather_sparse.nm import fused as _fused
 from feather_sparse.nm.fused import FusedNMForward
 from feather_sparse.nm.operator import (
@@ -41,6 +42,7 @@ from feather_sparse.nm.operator import (
     check_layout,
     group_thresholds,
     group_view,
+    layer_order,
     nm_keep_mask,
     nm_threshold,
 )
@@ -117,8 +119,8 @@ class NMBackbone(Backbone):
                 f"conv_order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}"
             )
         self.conv_order = conv_order
-        #: Per layer: whether its groups run along input channels (set up with the layers).
-        self._by_channels: list[bool] = []
+        #: Per layer: how its groups run through its weight (layer_order; set up with the layers).
+        self._orders: list[str] = []
         self.decay = float(decay)
         self.rescale = bool(rescale)
         self.freeze = bool(freeze)
@@ -132,17 +134,21 @@ class NMBackbone(Backbone):
         self._at_start = True  # no training step yet: β and a frozen mask are still open
 
     def setup(self, targets: Sequence[PruneTarget]) -> None:
-        by_channels = [
-            self.conv_order == "channels" and math.prod(t.weight.shape[2:]) > 1 for t in targets
-        ]
-        for t, channels in zip(targets, by_channels):
-            check_layout(t.name, t.module, t.weight, self.pattern, channels)
+        orders = [layer_order(t.module, t.weight, self.conv_order) for t in targets]
+        dtensor = dtensor_type()
+        for t, order in zip(targets, orders):
+            check_layout(t.name, t.module, t.weight, self.pattern, order)
+            if order == "transposed" and dtensor is not None and isinstance(t.weight, dtensor):
+                raise ValueError(
+                    f"layer {t.name!r} stores its weight (in, out), so a dim-0 shard would split "
+                    f"its N:M groups: exclude it, or attach the Pruner before sharding the model"
+                )
         super().setup(targets)
-        self._by_channels = by_channels
+        self._orders = orders
         # a layer grouped by channels computes alone (its groups are not runs of its storage)
         eligible = [
-            0 < t.weight.numel() <= _fused.FUSE_MAX_NUMEL and not channels
-            for t, channels in zip(targets, by_channels)
+            0 < t.weight.numel() <= _fused.FUSE_MAX_NUMEL and order == "flat"
+            for t, order in zip(targets, orders)
         ]
         if sum(eligible) < 2:  # a pass of one layer is that layer alone
             eligible = [False] * len(targets)
@@ -212,18 +218,18 @@ class NMBackbone(Backbone):
                 f"N:M pruning applies the thresholding operators (feather, soft, hard), "
                 f"not {operator!r}"
             )
-        if self._by_channels and self._by_channels[index]:  # grouped by input channels
+        if self._orders and self._orders[index] != "flat":  # groups not runs of the storage
             grouped = nm_threshold(
-                weight.movedim(1, -1),
+                self._grouped(index, weight),
                 self.pattern,
                 threshold,
                 operator.p,
                 theta,
                 decay=self.decay,
-                mask=None if self._masks is None else self._masks[index].movedim(1, -1),
+                mask=None if self._masks is None else self._grouped(index, self._masks[index]),
                 scale=None if self._beta is None else self._beta[index],
             )
-            return grouped.movedim(-1, 1)
+            return self._ungrouped(index, grouped)
         fused = self._fused
         if fused is not None and self._masks is None and fused.usable(index, weight):
             pre = fused.get(index, weight, threshold, operator.p, self._stored, self._beta)
@@ -267,13 +273,20 @@ class NMBackbone(Backbone):
             self._fused.clear()
 
     def _grouped(self, index: int, w: Tensor) -> Tensor:
-        """Tensor ``index``'s ``w`` in its group order: input channels innermost for a
-        convolution grouped by channels (``conv_order="channels"``), else ``w`` itself."""
-        return w.movedim(1, -1) if self._by_channels and self._by_channels[index] else w
+        """Tensor ``index``'s ``w`` in its group order (rows of outputs, the reduction
+        innermost): input channels innermost for a convolution grouped by channels,
+        transposed for a Linear stored ``(in, out)``, else ``w`` itself."""
+        order = self._orders[index] if self._orders else "flat"
+        if order == "channels":
+            return w.movedim(1, -1)
+        return w.t() if order == "transposed" else w
 
     def _ungrouped(self, index: int, x: Tensor) -> Tensor:
         """The inverse of :meth:`_grouped`: back to the weight's own layout."""
-        return x.movedim(-1, 1) if self._by_channels and self._by_channels[index] else x
+        order = self._orders[index] if self._orders else "flat"
+        if order == "channels":
+            return x.movedim(-1, 1)
+        return x.t() if order == "transposed" else x
 
     def keep_mask(self, weight: Tensor, threshold: Tensor, index: int = 0) -> Tensor:
         """Positions the forward keeps, shaped like ``weight`` (``N`` per group at ramp 1)."""

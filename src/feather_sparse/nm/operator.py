@@ -134,14 +134,38 @@ def reduction_size(weight: Tensor) -> int:
     return math.prod(weight.shape[1:])
 
 
+def is_transposed_linear(module: nn.Module) -> bool:
+    """Whether ``module`` is a Linear that stores its weight as ``(in, out)``: the
+    ``Conv1D`` of Hugging Face's GPT-2 family (``x @ W + b``)."""
+    return any(  # the class, or the one torch.nn.utils.parametrize derives from it
+        c.__name__ == "Conv1D" and c.__module__.startswith("transformers.")
+        for c in type(module).__mro__
+    )
+
+
+def layer_order(module: nn.Module, weight: Tensor, conv_order: str = "flat") -> str:
+    """How a layer's N:M groups run through its weight.
+
+    ``"transposed"`` for a Linear stored ``(in, out)`` (its rows are inputs: the
+    groups run down its columns); ``"channels"`` for a convolution with a kernel
+    of more than one element when ``conv_order`` is ``"channels"``; else ``"flat"``
+    (``weight.reshape(out, -1)``, ``m`` consecutive entries per group).
+    """
+    if is_transposed_linear(module):
+        return "transposed"
+    if conv_order == "channels" and math.prod(weight.shape[2:]) > 1:
+        return "channels"
+    return "flat"
+
+
 def check_layout(
-    name: str, module: nn.Module, weight: Tensor, pattern: NMPattern, by_channels: bool = False
+    name: str, module: nn.Module, weight: Tensor, pattern: NMPattern, order: str = "flat"
 ) -> None:
     """Raise unless ``weight`` of layer ``name`` splits into groups of ``pattern.m``.
 
-    With ``by_channels`` (a convolution grouped by input channels, see
-    :class:`~feather_sparse.nm.NMBackbone`'s ``conv_order``) the groups run along
-    the input channels at each kernel position, so those must be a multiple of ``m``.
+    ``order`` is the layer's :func:`layer_order`: with ``"channels"`` the groups
+    run along the input channels at each kernel position, so those must be a
+    multiple of ``m``; with ``"transposed"`` along the weight's first dimension.
 
     Raises:
         ValueError: for a transposed convolution (its weight is ``(in, out, …)``,
@@ -158,7 +182,13 @@ def check_layout(
             f"layer {name!r} has a {weight.dim()}-d weight; N:M needs a matrix or a conv "
             f"kernel: exclude it (exclude=[{name!r}])"
         )
-    if by_channels and weight.shape[1] % pattern.m:
+    if order == "transposed" and weight.dim() == 2 and weight.shape[0] % pattern.m:
+        raise ValueError(
+            f"layer {name!r} (weight {tuple(weight.shape)}, stored (in, out)) has "
+            f"{weight.shape[0]} inputs, not a multiple of M = {pattern.m} for the {pattern} "
+            f"pattern: leave it dense with exclude=[{name!r}] or min_params"
+        )
+    if order == "channels" and weight.shape[1] % pattern.m:
         raise ValueError(
             f"layer {name!r} (weight {tuple(weight.shape)}) has {weight.shape[1]} input "
             f"channels per group, not a multiple of M = {pattern.m}: conv_order='channels' "
