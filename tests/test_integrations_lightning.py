@@ -200,3 +200,56 @@ def test_bad_values_are_refused_when_the_callback_is_made() -> None:
         FeatherCallback(0.5, p=0.5)
     with pytest.raises(ValueError, match="log_layers must be True or False"):
         FeatherCallback(0.5, log_layers="yes")  # type: ignore[arg-type]
+
+
+def bare_trainer(callbacks: list[Any]) -> Any:
+    return pl.Trainer(
+        max_epochs=EPOCHS,
+        accumulate_grad_batches=ACCUMULATION,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+
+
+def test_resuming_from_the_last_checkpoint_hands_back_the_finished_model(runs: Runs) -> None:
+    """Lightning trains nothing then (and skips on_train_start/end): the callback still
+    applies the checkpoint's Pruner state and finalizes."""
+    last = runs.full.root / "ckpt" / f"epoch={EPOCHS - 1}-step={OPTIMIZER_STEPS}.ckpt"
+    module, callback = TinyNet(), FeatherCallback(SPARSITY, exclude=["head"])
+    bare_trainer([callback]).fit(module, loader(), ckpt_path=str(last))
+    assert callback.pruner is not None and callback.pruner.current_step == OPTIMIZER_STEPS
+    layers = [module.body[0], module.body[2]]
+    assert not any(hasattr(m, "parametrizations") for m in layers)
+    for mine, theirs in zip(layers, [runs.full.module.body[0], runs.full.module.body[2]]):
+        assert torch.equal(mine.weight, theirs.weight)
+
+
+@guard(
+    "Lightning: resuming from a checkpoint saved without the Feather callback",
+    "`ValueError`: the Pruner's step and the Trainer's differ; the module left plain",
+)
+def test_resuming_from_a_checkpoint_without_pruner_state_is_refused(
+    runs: Runs, tmp_path: Path
+) -> None:
+    checkpoint = torch.load(runs.checkpoint, map_location="cpu", weights_only=False)
+    del checkpoint["callbacks"]["FeatherCallback"]
+    plain = tmp_path / "plain.ckpt"
+    torch.save(checkpoint, plain)
+    module, callback = TinyNet(), FeatherCallback(SPARSITY, exclude=["head"])
+    with pytest.raises(ValueError, match=r"Pruner is at step 0 but the Trainer at \d+"):
+        bare_trainer([callback]).fit(module, loader(), ckpt_path=str(plain))
+    assert not any(hasattr(m, "parametrizations") for m in module.modules())
+
+
+def test_validating_a_checkpoint_does_not_leak_its_state_into_a_later_fit(runs: Runs) -> None:
+    module, callback = TinyNet(), FeatherCallback(SPARSITY, exclude=["head"])
+    trainer = bare_trainer([callback])
+    module.validation_step = module.training_step  # type: ignore[method-assign]
+    trainer.validate(module, loader(), ckpt_path=str(runs.checkpoint), verbose=False)
+    trainer.fit(module, loader())
+    assert callback.pruner is not None
+    assert callback.pruner.current_step == trainer.global_step == OPTIMIZER_STEPS

@@ -244,6 +244,10 @@ class PrunerDriver:
         """Keep a saved state; :meth:`attach` restores it into the new Pruner."""
         self._pending = dict(state) if state else None
 
+    def has_pending(self) -> bool:
+        """Whether a saved state waits for :meth:`attach`."""
+        return self._pending is not None
+
     @torch.no_grad()
     def finish(self) -> float | None:
         """Finalize (or detach) the Pruner and drop the key hooks; returns the final sparsity."""

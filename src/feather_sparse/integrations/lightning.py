@@ -100,18 +100,40 @@ class FeatherCallback(DrivenCallback, pl.Callback):
         self._seen_global_step = 0
 
     # ------------------------------------------------------------------ hooks
+    def _total(self, trainer: pl.Trainer) -> int:
+        if self.total_steps is not None:
+            return self.total_steps
+        estimated = trainer.estimated_stepping_batches
+        if not math.isfinite(estimated):
+            raise ValueError(
+                "the Trainer cannot tell how many optimizer steps this fit runs (infinite "
+                "data and max_steps=-1); pass FeatherCallback(..., total_steps=N)"
+            )
+        return int(estimated)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        total = self.total_steps
-        if total is None:
-            estimated = trainer.estimated_stepping_batches
-            if not math.isfinite(estimated):
-                raise ValueError(
-                    "the Trainer cannot tell how many optimizer steps this fit runs (infinite "
-                    "data and max_steps=-1); pass FeatherCallback(..., total_steps=N)"
-                )
-            total = int(estimated)
-        self._driver.attach(pl_module, total)
+        pruner = self._driver.attach(pl_module, self._total(trainer))
+        if pruner.current_step != trainer.global_step:
+            self._driver.reset()  # leave the module plain, as a failed attach does
+            raise ValueError(
+                f"the Pruner is at step {pruner.current_step} but the Trainer at "
+                f"{trainer.global_step}: the checkpoint holds no Pruner state (saved without "
+                "FeatherCallback) or another run's; resume from a checkpoint this callback "
+                "wrote, or start a new fit"
+            )
         self._seen_global_step = trainer.global_step
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Resumed from a checkpoint of a finished fit, Lightning trains nothing and calls
+        # neither on_train_start nor on_train_end: hand back the model the fit ended with.
+        if self._driver.pruner is None and self._driver.has_pending():
+            logger.info("the checkpoint's fit had finished: applying its Pruner state")
+            self.on_train_start(trainer, pl_module)
+            self._driver.finish()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":  # validate/test/predict(ckpt_path=...) restored a state: not for a fit
+            self._driver.load_state_dict({})
 
     def on_train_batch_end(
         self,
