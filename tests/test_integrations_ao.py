@@ -64,6 +64,7 @@ def test_default_config_prunes_every_linear_and_state_round_trip() -> None:
         ([{"name": "0.weight"}], "tensor_fqn"),
         ([{"tensor_fqn": "0.bias"}], "'weight' only"),
         ([{"tensor_fqn": "9.weight"}], "no module '9'"),
+        ([{"tensor_fqn": "0.weight", "sparsity_level": 0.9}], r"\['sparsity_level'\].*global"),
     ],
 )
 def test_bad_config(config: list[dict[str, str]], match: str) -> None:
@@ -71,3 +72,14 @@ def test_bad_config(config: list[dict[str, str]], match: str) -> None:
         FeatherSparsifier(0.5, 4).prepare(model(), config=config)
     with pytest.raises(RuntimeError, match="prepare"):
         FeatherSparsifier(0.5, 4).step()
+
+
+def test_preparing_twice_is_refused_until_the_mask_is_squashed() -> None:
+    sparsifier, m = FeatherSparsifier(0.5, 4), model()
+    sparsifier.prepare(m, config=[{"tensor_fqn": "0.weight"}])
+    with pytest.raises(RuntimeError, match=r"prepared already.*squash_mask"):
+        sparsifier.prepare(m, config=[{"tensor_fqn": "2.weight"}])
+    sparsifier.squash_mask()
+    sparsifier.prepare(m, config=[{"tensor_fqn": "2.weight"}])
+    sparsifier.squash_mask()
+    assert not any("parametrizations" in k for k in m.state_dict())

@@ -51,9 +51,17 @@ class FeatherSparsifier:
         """Attach to ``model``: every Conv/Linear weight, or the tensors ``config`` names.
 
         Raises:
-            ValueError: for a config entry without ``tensor_fqn``, a tensor
-                other than a module's ``weight``, or a name not in the model.
+            ValueError: for a config entry without ``tensor_fqn``, with other keys
+                (a per-tensor ``sparsity_level``: Feather's threshold is global),
+                a tensor other than a module's ``weight``, or a name not in the model.
+            RuntimeError: when this sparsifier is prepared already (``squash_mask()``
+                first): a second Pruner would leave the first one's layers behind.
         """
+        if self.pruner is not None and not self.pruner._finished:
+            raise RuntimeError(
+                "this FeatherSparsifier is prepared already; call squash_mask() before "
+                "preparing it again, or use a new one"
+            )
         kwargs = dict(self.pruner_kwargs)
         if config is not None:
             modules = dict(model.named_modules())
@@ -63,6 +71,14 @@ class FeatherSparsifier:
                 if not isinstance(fqn, str):
                     raise ValueError(
                         f"each config entry needs a 'tensor_fqn' string, got {entry!r}"
+                    )
+                other = sorted(set(entry) - {"tensor_fqn"})
+                if other:
+                    raise ValueError(
+                        f"{fqn!r}: config keys {other} are not supported: Feather prunes all "
+                        "named tensors to one global threshold; give the sparsity to "
+                        "FeatherSparsifier(sparsity=...) (per-layer levels: backbone='uniform' "
+                        "prunes every layer to the same fraction)"
                     )
                 module_name, _, tensor = fqn.rpartition(".")
                 if tensor != "weight":
