@@ -290,6 +290,7 @@ def _scenario_train(rank: int, world: int, root: Path) -> dict[str, Any]:
     full = train(config, root / "full", callbacks=[record], progress=False)
     first = train(config, root / "resumed", stop_after_epoch=1, progress=False)
     resumed = train(config, root / "resumed", resume=True, progress=False)
+    train(config, root / "half", stop_after_epoch=1, progress=False)  # resumed alone below
     return {
         "seen": seen,
         "full": {k: v.clone() for k, v in full.model.state_dict().items()},
@@ -613,3 +614,19 @@ def test_a_missed_hint_costs_one_pass_more_than_no_hint(monkeypatch: pytest.Monk
         costs[name] = len(passes)
     assert costs["10x high"] <= costs["none"] + 1
     assert costs["10x low"] <= costs["none"] + 1
+
+
+def test_resuming_with_another_number_of_processes_is_refused(
+    runs: list[dict[str, Any]], train_root: Path
+) -> None:
+    """The run stopped half-way under 2 processes; one process may not continue it."""
+    from feather_sparse.recipes import load_config
+    from feather_sparse.train import train
+
+    half = train_root / "half"
+    before = (half / "checkpoints" / "last.pt").read_bytes()
+    with pytest.raises(
+        ValueError, match=r"trained by 2 process\(es\), this is 1.*nproc_per_node=2"
+    ):
+        train(load_config("mnist1d", TRAIN_SMALL), half, resume=True, progress=False)
+    assert (half / "checkpoints" / "last.pt").read_bytes() == before

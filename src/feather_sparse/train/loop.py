@@ -540,6 +540,7 @@ def _train_locked(
             return _finished_result(config, run_path, finished, started)
         checkpoint = load_latest_checkpoint(run_path, set_aside_damaged=ctx.is_main)
         _check_resume(config, TrainConfig.from_record(checkpoint["config"]))
+        _check_world_size(run_path, ctx.world_size)
     else:
         held = _run_work(run_path)
         if held:
@@ -585,6 +586,30 @@ def _run_work(run_path: Path) -> list[str]:
         held.append(metrics.name)
     held += [n for n in (MODEL_NAME, PLAIN_MODEL_NAME) if (run_path / n).is_file()]
     return held
+
+
+def _check_world_size(run_path: Path, world_size: int) -> None:
+    """Refuse to resume a run with another number of processes than trained it: the
+    global batch (processes × batch size), hence the steps per epoch, depend on it.
+
+    Raises:
+        ValueError: naming both numbers and the command that fits.
+    """
+    try:
+        recorded = int(read_run_info(run_path)["world_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no record to compare with: the step count check still guards the resume
+    if recorded != world_size:
+        launch = (
+            f"torchrun --nproc_per_node={recorded} ... --resume {run_path}"
+            if recorded > 1
+            else f"feather-sparse train --resume {run_path} (one process)"
+        )
+        raise ValueError(
+            f"cannot resume: {run_path} was trained by {recorded} process(es), this is "
+            f"{world_size}; the global batch and the steps per epoch depend on it: resume "
+            f"with {launch}"
+        )
 
 
 def _recorded_config(run_path: Path) -> TrainConfig | None:
