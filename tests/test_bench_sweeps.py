@@ -74,8 +74,9 @@ def test_paper_regime_sweep_size(tmp_path: Path) -> None:
     opts = BenchOptions(**PAPER_REGIME.options_fields(fields))
     plan = plan_runs(opts, plan_experiments(PAPER_REGIME.experiments, opts))
     # compare 8 x 5 x 5 + 5 dense; operator 3 x 2 x 5; theta 5 x 2 x 5 minus θ = 1
-    # (operator's Feather row); p 5 x 2 x 5 minus p = 3 (compare's Feather-Global)
-    assert plan.distinct == len(plan.todo) == 205 + 30 + 40 + 40
+    # (operator's Feather row) and θ = 0.5 (the automatic θ at 99 and 99.5 %:
+    # compare's Feather-Global); p 5 x 2 x 5 minus p = 3 (compare's Feather-Global)
+    assert plan.distinct == len(plan.todo) == 205 + 30 + 30 + 40
 
 
 @guard(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,16 +26,21 @@ def plan_experiments(names: Sequence[str | Experiment], opts: BenchOptions) -> l
 
 
 def train_experiments(
-    names: Sequence[str | Experiment], opts: BenchOptions, on_progress: ProgressFn | None = None
+    names: Sequence[str | Experiment],
+    opts: BenchOptions,
+    on_progress: ProgressFn | None = None,
+    attempted: MutableMapping[str, RunOutcome] | None = None,
 ) -> tuple[int, float]:
     """Train the missing runs of several experiments in one pool; ``(runs trained, seconds)``.
 
     One pool over the union of their runs keeps every worker busy to the end
     (per experiment, the last runs of each would leave workers idle); the
     pages are then written from the stored results by :func:`run_experiment`.
+    Pass the same ``attempted`` dict to those calls: a run that failed in the
+    pool is then reported by them, not trained again (see :func:`execute_runs`).
     """
     specs = plan_experiments(names, opts)
-    _, trained, elapsed = execute_runs(opts, specs, on_progress)
+    _, trained, elapsed = execute_runs(opts, specs, on_progress, attempted)
     if trained:
         record_session(opts.out, [EXPERIMENTS.get(n).name for n in names], trained, elapsed)
     return trained, elapsed
@@ -71,6 +76,7 @@ def run_experiment(
     opts: BenchOptions,
     on_progress: ProgressFn | None = None,
     pool: tuple[int, float] | None = None,
+    attempted: MutableMapping[str, RunOutcome] | None = None,
 ) -> ExperimentResult:
     """Run (or continue) an experiment and write its page, plots and raw results.
 
@@ -81,6 +87,10 @@ def run_experiment(
         pool: ``(runs trained, seconds)`` of a pool that trained this
             experiment's runs just before, with other experiments' (``bench
             all``); the page then names that pool instead of "0 trained".
+        attempted: key -> outcome of the runs this command trained before
+            (shared by its calls, and filled in by this one): they are taken
+            as they are, so a run that failed earlier in the same command is
+            reported, not trained again (see :func:`execute_runs`).
 
     Raises:
         ValueError: for an unknown experiment, method, model or data set, or an
@@ -90,7 +100,7 @@ def run_experiment(
     started = time.perf_counter()
     opts = opts.for_experiment(experiment.name)
     specs = plan_experiments([experiment], opts)
-    pairs, trained, elapsed = execute_runs(opts, specs, on_progress)
+    pairs, trained, elapsed = execute_runs(opts, specs, on_progress, attempted)
     if trained:
         record_session(opts.out, [experiment.name], trained, elapsed)
     ctx = Context(

@@ -99,6 +99,12 @@ class BenchOptions:
             raise ValueError("seeds: give at least one seed")
         if any(s < 0 for s in self.seeds):
             raise ValueError(f"seeds must be >= 0, got {self.seeds}")
+        repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+        if repeated:
+            raise ValueError(
+                f"seeds: {', '.join(map(str, repeated))} given more than once "
+                f"({','.join(map(str, self.seeds))}); a seed is one run, give each once"
+            )
         for s in self.sparsities or ():
             if not 0.0 < s < 1.0:
                 raise ValueError(f"sparsities must be in (0, 1), got {s}")

@@ -14,7 +14,7 @@ import shlex
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,12 @@ def finite_curve(label: str, points: Sequence[tuple[float, tuple[float, float]]]
 
 # ====================================================================== tables
 class Grid:
-    """Values of a metric per ``(row, column)``, over seeds; failed runs counted apart."""
+    """Values of a metric per ``(row, column)``, over seeds; failed runs counted apart.
+
+    A run that finished but whose metric is undefined (not finite, e.g. the
+    flip rate of a run too short to have one) is not a failure: it is counted
+    in ``undefined`` and shown as not measured (``n/a``).
+    """
 
     def __init__(
         self,
@@ -91,6 +96,7 @@ class Grid:
         self.values: dict[tuple[str, float], list[float]] = {}
         self.by_seed: dict[tuple[str, float], dict[int, float]] = {}
         self.failed: dict[tuple[str, float], int] = {}
+        self.undefined: dict[tuple[str, float], int] = {}
         self.rows: list[str] = list(rows) if rows is not None else []
         self.cols: list[float] = []
         for spec, outcome in pairs:
@@ -102,11 +108,15 @@ class Grid:
             if spec.x not in self.cols:
                 self.cols.append(spec.x)
             self.values.setdefault(cell, [])
-            if outcome.ok and math.isfinite(metric(outcome)):
-                self.values[cell].append(metric(outcome))
-                self.by_seed.setdefault(cell, {})[spec.seed] = metric(outcome)
-            else:
+            if not outcome.ok:
                 self.failed[cell] = self.failed.get(cell, 0) + 1
+                continue
+            value = metric(outcome)
+            if math.isfinite(value):
+                self.values[cell].append(value)
+                self.by_seed.setdefault(cell, {})[spec.seed] = value
+            else:
+                self.undefined[cell] = self.undefined.get(cell, 0) + 1
         self.cols.sort()
 
     def stat(self, row: str, col: float) -> tuple[float, float]:
@@ -147,8 +157,11 @@ class Grid:
                 if c in bests and math.isfinite(mean) and fmt.format(mean) == fmt.format(bests[c]):
                     text = f"**{text}**"
                 failed = self.failed.get((r, c), 0)
+                undefined = self.undefined.get((r, c), 0)
+                total = failed + undefined + len(self.values[(r, c)])
+                if undefined:  # finished, but the metric is not defined: not measured
+                    text += " (n/a)" if undefined == total else f" ({undefined}/{total} n/a)"
                 if failed:
-                    total = failed + len(self.values[(r, c)])
                     text += f" ({failed}/{total} failed)"
                 cells.append(text)
             lines.append(f"| {r} | " + " | ".join(cells) + " |")
@@ -364,6 +377,15 @@ def _rebuild_command(name: str, opts: BenchOptions) -> str:
         args += ["--methods", ",".join(opts.methods)]
     if opts.out != ref.out:
         args += ["--out", str(opts.out)]
+    # Every option in the runs' configs (their keys) or in where they are stored:
+    # without them the printed command would plan other runs than the page's.
+    if opts.threads != ref.threads:
+        if opts.threads is not None:
+            args += ["--threads", str(opts.threads)]
+        elif "threads" not in opts.overrides:  # a suite's threads, unset: the recipe's
+            args += ["--set", "threads=none"]
+    if opts.runs_path != replace(ref, out=opts.out).runs_path:
+        args += ["--runs-dir", str(opts.runs_path)]
     return shlex.join(args)
 
 

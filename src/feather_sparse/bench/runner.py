@@ -19,8 +19,8 @@ import shutil
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,8 @@ from feather_sparse.integrity import read_sealed_json, write_sealed_json
 from feather_sparse.methods import METHODS, pruner_config
 from feather_sparse.models import create_model, list_models
 from feather_sparse.provenance import numerics
-from feather_sparse.recipes import TrainConfig, load_config
+from feather_sparse.pruner_config import PrunerConfig
+from feather_sparse.recipes import TrainConfig, list_recipes, load_config
 from feather_sparse.train.dist import resolve_device
 from feather_sparse.train.run_dir import read_run_info
 
@@ -204,14 +205,20 @@ def _canonical(cfg: TrainConfig) -> TrainConfig:
     """
     if cfg.dense:
         return cfg
-    resolved = pruner_config(cfg)
+    resolved = _resolved(pruner_config(cfg))
     for name in _METHOD_DECIDED:
         if getattr(cfg, name) is None:
             continue
         unset = cfg.replace(**{name: None})
-        if pruner_config(unset) == resolved:
+        if _resolved(pruner_config(unset)) == resolved:
             cfg = unset
     return cfg
+
+
+def _resolved(pc: PrunerConfig) -> PrunerConfig:
+    """``pc`` with θ as the number it trains with: ``theta="auto"`` and the θ
+    that the automatic rule gives at this sparsity are the same run."""
+    return replace(pc, theta=pc.theta_value)
 
 
 #: Config fields added after runs were stored under their keys: left out of the
@@ -374,15 +381,25 @@ _BUILT: set[str] = set()
 
 
 def check_data(configs: Sequence[Mapping[str, Any]]) -> None:
-    """Build each distinct data set and model of ``configs`` once, so that missing
+    """Check each distinct device, data set and model of ``configs`` once, so that
+    a device that is not here, missing data or a model that does not take the
     data stops a sweep with one error before any run starts (instead of failing
     every run). Settings built before in this process are not built again.
+
+    Each model is built and run forward on a batch of zeros of the data's
+    input shape.
 
     Raises:
         FileNotFoundError: when the data is not on disk (the message says how to
             provide it).
-        ValueError: for bad data options or model settings.
+        ValueError: for a device that is not available, bad data options or
+            model settings, or a model that does not take the data's input.
     """
+    for device in dict.fromkeys(str(cfg.get("device", "auto")) for cfg in configs):
+        try:
+            resolve_device(device)
+        except (RuntimeError, ValueError) as err:
+            raise ValueError(f"no run started: {err}") from err
     for cfg in configs:
         keys = ("dataset", "data_dir", "data_options", "model", "model_kwargs")
         what = json.dumps(jsonable({k: cfg[k] for k in keys}), sort_keys=True)
@@ -400,10 +417,70 @@ def check_data(configs: Sequence[Mapping[str, Any]]) -> None:
         except (FileNotFoundError, ValueError) as err:
             raise type(err)(f"no run started: {err}") from err
         try:
-            create_model(cfg["model"], num_classes=bundle.num_classes, **cfg["model_kwargs"])
+            model = create_model(
+                cfg["model"], num_classes=bundle.num_classes, **cfg["model_kwargs"]
+            )
         except (TypeError, ValueError) as err:
             raise ValueError(f"no run started: model {cfg['model']}: {err}") from err
+        _check_input(model, cfg, tuple(bundle.input_shape), bundle.num_classes)
         _BUILT.add(what)
+
+
+def _check_input(
+    model: torch.nn.Module, cfg: Mapping[str, Any], shape: tuple[int, ...], num_classes: int
+) -> None:
+    """Raise when ``model`` cannot run forward on a batch of the data's samples."""
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros((2, *shape)))
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        dataset, name = cfg["dataset"], cfg["model"]
+        fits = _recipes_for(str(dataset))
+        if fits:
+            fix = (
+                "use a recipe made for it ("
+                + ", ".join(f"--recipe {r} trains {m}" for r, m in fits)
+                + ") or a --model that takes it"
+            )
+        else:
+            models = _models_taking(shape, num_classes)
+            fix = "give a --model that takes it" + (
+                f" (of the bundled recipes' models: {', '.join(models)})" if models else ""
+            )
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"no run started: model {name!r} (of recipe {cfg.get('recipe')}) does not take "
+            f"data set {dataset!r}: one sample is {tuple(shape)} and the forward pass "
+            f"fails ({first}); {fix}"
+        ) from err
+
+
+def _models_taking(shape: tuple[int, ...], num_classes: int) -> list[str]:
+    """The models of the bundled recipes that run forward on samples of ``shape``."""
+    found = []
+    for _, name in _recipes_for(None):
+        if name in found:
+            continue
+        try:
+            with torch.no_grad():
+                create_model(name, num_classes=num_classes).eval()(torch.zeros((2, *shape)))
+        except Exception:  # any failure: it does not take the data
+            continue
+        found.append(name)
+    return found
+
+
+def _recipes_for(dataset: str | None) -> list[tuple[str, str]]:
+    """``(recipe, model)`` of the bundled recipes that train on ``dataset`` (all: ``None``)."""
+    found = []
+    for name in list_recipes():
+        try:
+            cfg = load_config(name)
+        except (ValueError, OSError):
+            continue
+        if dataset is None or cfg.dataset == dataset:
+            found.append((name, str(cfg.model)))
+    return found
 
 
 @dataclass(frozen=True)
@@ -412,7 +489,9 @@ class RunPlan:
 
     Attributes:
         keys: each spec's run key (specs with the same config share one).
-        stored: key -> outcome of the runs finished earlier (reused).
+        stored: key -> outcome of the runs finished earlier (reused), and of
+            the runs this invocation already tried (failed ones too; see
+            :func:`plan_runs`).
         todo: key -> config of the runs to train.
     """
 
@@ -425,8 +504,20 @@ class RunPlan:
         return len(self.stored) + len(self.todo)
 
 
-def plan_runs(opts: BenchOptions, specs: Sequence[RunSpec]) -> RunPlan:
+def plan_runs(
+    opts: BenchOptions,
+    specs: Sequence[RunSpec],
+    attempted: Mapping[str, RunOutcome] | None = None,
+) -> RunPlan:
     """Resolve every spec's config and key, and look up the stored results.
+
+    Args:
+        opts: how the runs are run.
+        specs: the runs.
+        attempted: key -> outcome of the runs this invocation has already
+            trained (see :func:`execute_runs`): taken as they are, failed or
+            not (and with ``force`` too), so that one command trains a run at
+            most once. A later command retries a failed run.
 
     Raises:
         ValueError: for an unknown method, model or data set, or an override
@@ -439,6 +530,9 @@ def plan_runs(opts: BenchOptions, specs: Sequence[RunSpec]) -> RunPlan:
     todo: dict[str, dict[str, Any]] = {}
     for key, cfg in zip(keys, configs):
         if key in stored or key in todo:
+            continue
+        if attempted is not None and key in attempted:
+            stored[key] = attempted[key]
             continue
         found = None if opts.force else load_outcome(opts.runs_path / key)
         if found is not None and found.ok:
@@ -479,9 +573,16 @@ ProgressFn = Callable[[int, int, RunSpec, RunOutcome], None]
 
 
 def execute_runs(
-    opts: BenchOptions, specs: Sequence[RunSpec], on_progress: ProgressFn | None = None
+    opts: BenchOptions,
+    specs: Sequence[RunSpec],
+    on_progress: ProgressFn | None = None,
+    attempted: MutableMapping[str, RunOutcome] | None = None,
 ) -> tuple[list[tuple[RunSpec, RunOutcome]], int, float]:
     """Run every spec that has no result yet; return ``(pairs, runs trained here, seconds)``.
+
+    ``attempted``, shared by the calls of one command (``bench all``: the pool,
+    then each experiment), collects the outcome of every run trained here: a
+    later call takes them as they are instead of training a failed run again.
 
     Runs execute in ``opts.worker_count()`` spawned processes (in this process
     when that is 1). Identical configs are trained once. Before the first run,
@@ -492,7 +593,7 @@ def execute_runs(
         ValueError: as :func:`plan_runs`, or when the data or model cannot be built.
         FileNotFoundError: when the data is not on disk.
     """
-    plan = plan_runs(opts, specs)
+    plan = plan_runs(opts, specs, attempted)
     keys = list(plan.keys)
     root = opts.runs_path
     outcomes: dict[str, RunOutcome] = dict(plan.stored)
@@ -514,6 +615,8 @@ def execute_runs(
         trained += not data.get(REUSED, False)
         outcome = RunOutcome.from_json(data)
         outcomes[outcome.key] = outcome
+        if attempted is not None:
+            attempted[outcome.key] = outcome
         done += 1
         if on_progress is not None:
             on_progress(done, total, spec_of[outcome.key], outcome)

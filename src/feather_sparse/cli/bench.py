@@ -259,13 +259,17 @@ def run(command: str, args: argparse.Namespace) -> int:
 def _run(names: list[str], opts: BenchOptions) -> int:
     _announce(names, opts)
     pool: tuple[int, float] | None = None
+    # Every run this command trains, failed or not: a later experiment of the
+    # same command that shares a run takes it as it is (a failed run is
+    # reported, not trained again; the next command retries it).
+    attempted: dict[str, RunOutcome] = {}
     if len(names) > 1:
-        trained, elapsed = train_experiments(names, opts, _progress)
+        trained, elapsed = train_experiments(names, opts, _progress, attempted)
         print(f"all: {trained} runs trained in {elapsed / 60:.1f} min")
         pool = (trained, elapsed) if trained else None
     failures: dict[str, RunOutcome] = {}
     for name in names:
-        result = run_experiment(name, opts, _progress, pool)
+        result = run_experiment(name, opts, _progress, pool, attempted)
         failures.update((o.key, o) for o in result.failures)
         print(
             f"{name}: {result.runs} runs ({result.trained} trained, {result.failed} failed) in "
