@@ -18,17 +18,9 @@ from feather_sparse.bench.driver import plan_experiments
 from feather_sparse.bench.pages import Grid, _rebuild_command
 from feather_sparse.bench.runner import plan_runs
 from feather_sparse.cli.bench import options_from_args
+from test_bench_sweeps import SMALL_FLAGS
 
 pytest.importorskip("matplotlib")
-
-SMALL_FLAGS = [
-    "--set",
-    "dataset=synthetic-mnist1d",
-    "--set",
-    "data_options={train_size = 256, test_size = 128}",
-    "--batch-size",
-    "64",
-]
 
 
 def _opts(*argv: str) -> BenchOptions:

@@ -244,6 +244,18 @@ class PrunerDriver:
         """Keep a saved state; :meth:`attach` restores it into the new Pruner."""
         self._pending = dict(state) if state else None
 
+    def check_step(self, step: int, remedy: str) -> None:
+        """Detach (leaving the model plain) and raise unless the attached Pruner is at the
+        trainer's ``step``: a restored state must belong to the checkpoint resumed from.
+
+        Raises:
+            ValueError: naming both steps and ``remedy``.
+        """
+        at = self.pruner.current_step if self.pruner is not None else 0
+        if at != step:
+            self.reset()  # leave the model plain, as a failed attach does
+            raise ValueError(f"the Pruner is at step {at} but the Trainer at {step}: {remedy}")
+
     def has_pending(self) -> bool:
         """Whether a saved state waits for :meth:`attach`."""
         return self._pending is not None

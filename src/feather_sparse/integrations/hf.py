@@ -122,14 +122,12 @@ class FeatherCallback(DrivenCallback, TrainerCallback):
             raise RuntimeError("FeatherCallback: the Trainer passed no model to on_train_begin")
         if state.global_step > 0:  # resuming: the checkpoint holds the Pruner's state
             self._driver.load_state_dict(self._load(args, state))
-        pruner = self._driver.attach(model, int(state.max_steps))
-        if pruner.current_step != state.global_step:
-            self._driver.reset()  # leave the model plain, as a failed attach does
-            raise ValueError(
-                f"the Pruner is at step {pruner.current_step} but the Trainer at "
-                f"{state.global_step}: the checkpoint's Pruner state does not belong to it; "
-                "pass FeatherCallback(..., resume_from=<the folder the Trainer resumes from>)"
-            )
+        self._driver.attach(model, int(state.max_steps))
+        self._driver.check_step(
+            state.global_step,
+            "the checkpoint's Pruner state does not belong to it; "
+            "pass FeatherCallback(..., resume_from=<the folder the Trainer resumes from>)",
+        )
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

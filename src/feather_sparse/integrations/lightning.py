@@ -112,15 +112,12 @@ class FeatherCallback(DrivenCallback, pl.Callback):
         return int(estimated)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        pruner = self._driver.attach(pl_module, self._total(trainer))
-        if pruner.current_step != trainer.global_step:
-            self._driver.reset()  # leave the module plain, as a failed attach does
-            raise ValueError(
-                f"the Pruner is at step {pruner.current_step} but the Trainer at "
-                f"{trainer.global_step}: the checkpoint holds no Pruner state (saved without "
-                "FeatherCallback) or another run's; resume from a checkpoint this callback "
-                "wrote, or start a new fit"
-            )
+        self._driver.attach(pl_module, self._total(trainer))
+        self._driver.check_step(
+            trainer.global_step,
+            "the checkpoint holds no Pruner state (saved without FeatherCallback) or another "
+            "run's; resume from a checkpoint this callback wrote, or start a new fit",
+        )
         self._seen_global_step = trainer.global_step
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
