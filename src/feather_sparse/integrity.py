@@ -39,6 +39,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -199,6 +200,13 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of what ``err`` says (terminal colour codes removed), or its type's
+    name when it says nothing: the cause quoted in a one-line error message."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _os_error(err: OSError, path: Path, action: str) -> OSError:

@@ -32,7 +32,7 @@ from feather_sparse._version import __version__
 from feather_sparse.analysis import MaskStabilityRecorder, count_flops, layer_sparsity
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.data import DATASETS, load_dataset
-from feather_sparse.integrity import read_sealed_json, write_sealed_json
+from feather_sparse.integrity import first_line, read_sealed_json, write_sealed_json
 from feather_sparse.methods import METHODS, pruner_config
 from feather_sparse.models import create_model, list_models
 from feather_sparse.provenance import numerics
@@ -447,11 +447,10 @@ def _check_input(
             fix = "give a --model that takes it" + (
                 f" (of the bundled recipes' models: {', '.join(models)})" if models else ""
             )
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(
             f"no run started: model {name!r} (of recipe {cfg.get('recipe')}) does not take "
             f"data set {dataset!r}: one sample is {tuple(shape)} and the forward pass "
-            f"fails ({first}); {fix}"
+            f"fails ({first_line(err)}); {fix}"
         ) from err
 
 

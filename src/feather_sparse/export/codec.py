@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from feather_sparse.nm.export import decode_nm, encode_nm
+from feather_sparse.nm.export import _BITS_DTYPES, decode_nm, encode_nm
 from feather_sparse.nm.operator import NMPattern
 from feather_sparse.registry import Registry
 
@@ -41,13 +41,6 @@ _VALUE_DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
-}
-# Integer dtypes of the same width, used to read a float's bit pattern.
-_BITS_DTYPES: dict[int, torch.dtype] = {
-    1: torch.uint8,
-    2: torch.int16,
-    4: torch.int32,
-    8: torch.int64,
 }
 
 

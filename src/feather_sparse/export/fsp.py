@@ -224,19 +224,15 @@ def _unwrap_compiled(model: nn.Module) -> nn.Module:
     return model
 
 
-def _spec_skeleton(spec: Mapping[str, Any]) -> nn.Module:
-    """The model ``spec`` names, built on the ``meta`` device when it can be (shapes, no memory).
-
-    Raises:
-        Exception: whatever ``create_model`` raises for a spec it cannot build.
-    """
-    name, kwargs = str(spec["name"]), dict(spec.get("kwargs") or {})
+def _meta_model(spec: Mapping[str, Any]) -> nn.Module | None:
+    """The model ``spec`` names, built on the ``meta`` device (shapes, no memory);
+    None when it cannot be built there (the reason is logged at debug level)."""
     try:
         with torch.device("meta"):
-            return models.create_model(name, **kwargs)
-    except Exception:  # cannot be built on meta: build it for real
+            return models.create_model(str(spec["name"]), **dict(spec.get("kwargs") or {}))
+    except Exception:
         logger.debug("%s cannot be built on the meta device", _describe_spec(spec), exc_info=True)
-    return models.create_model(name, **kwargs)
+        return None
 
 
 def _fitting_spec(model: nn.Module, state: Mapping[str, Tensor]) -> dict[str, Any] | None:
@@ -251,7 +247,9 @@ def _fitting_spec(model: nn.Module, state: Mapping[str, Tensor]) -> dict[str, An
     if spec is None or "name" not in spec:
         return spec
     try:
-        skeleton = _spec_skeleton(spec)
+        skeleton = _meta_model(spec)
+        if skeleton is None:  # cannot be built on meta: build it for real
+            skeleton = models.create_model(str(spec["name"]), **dict(spec.get("kwargs") or {}))
     except Exception:  # unknown here (another registry), or not buildable: keep it unchecked
         logger.debug("cannot check model spec %s", _describe_spec(spec), exc_info=True)
         return spec
@@ -771,12 +769,8 @@ def _model_from_spec(info: SparseFileInfo) -> nn.Module:
         )
 
     name, kwargs = str(spec["name"]), dict(spec.get("kwargs") or {})
-    try:
-        with torch.device("meta"):
-            skeleton = models.create_model(name, **kwargs)
-    except Exception:  # cannot be built on meta: the check runs after the real build
-        logger.debug("%s cannot be built on the meta device", _describe_spec(spec), exc_info=True)
-    else:
+    skeleton = _meta_model(spec)
+    if skeleton is not None:  # else the check runs after the real build
         _check_architecture(
             skeleton,
             info,

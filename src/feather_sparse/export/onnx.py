@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from feather_sparse.integrity import (
     NotWritableError,
     _os_error,
     _temp_in,
+    first_line,
     remove_stale_temps,
     write_atomic,
 )
@@ -146,10 +146,9 @@ def check_example_input(model: nn.Module, example_input: Tensor) -> None:
         with torch.inference_mode():
             model(example_input)
     except (RuntimeError, ValueError, IndexError, TypeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(
             f"the model does not run on an input of shape {tuple(example_input.shape)} "
-            f"and dtype {str(example_input.dtype).removeprefix('torch.')} ({first}); "
+            f"and dtype {str(example_input.dtype).removeprefix('torch.')} ({first_line(err)}); "
             "give the shape of one sample the model takes"
         ) from None
     finally:
@@ -325,10 +324,8 @@ def export_onnx(
         attached = [n for n, m in model.named_modules() if parametrize.is_parametrized(m)]
         if not attached:
             raise
-        text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()  # the exporter's colours
-        first = text.splitlines()[0] if text else type(err).__name__
         raise ValueError(
-            f"ONNX export failed ({first[:200]}) on a model whose layers "
+            f"ONNX export failed ({first_line(err)[:200]}) on a model whose layers "
             f"{', '.join(attached[:3])}{', …' if len(attached) > 3 else ''} still carry a "
             "parametrization (a Pruner is attached): call pruner.finalize() first, which "
             "leaves a plain model with exact zeros that exports as a dense graph"
@@ -410,9 +407,7 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) 
         feed = {session.get_inputs()[0].name: inputs.detach().cpu().numpy()}
         onnx_out = torch.from_numpy(session.run(None, feed)[0])
     except Exception as err:  # onnxruntime's errors derive from Exception alone
-        text = str(err).strip()
-        first = text.splitlines()[0] if text else type(err).__name__
-        raise ValueError(f"onnxruntime cannot run {path} ({first[:300]})") from err
+        raise ValueError(f"onnxruntime cannot run {path} ({first_line(err)[:300]})") from err
     was_training = model.training
     model.eval()
     try:

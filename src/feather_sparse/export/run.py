@@ -24,6 +24,7 @@ from torch import nn
 from feather_sparse import models
 from feather_sparse.export.files import sniff
 from feather_sparse.export.fsp import inspect_sparse, load_sparse
+from feather_sparse.integrity import first_line
 from feather_sparse.nm import NMBackbone
 from feather_sparse.pruner import Pruner
 from feather_sparse.run_files import (
@@ -163,8 +164,9 @@ def _from_training_checkpoint(
     try:
         model.load_state_dict(ckpt["model"], strict=True)
     except RuntimeError as err:  # torch lists every key on many lines
-        first = str(err).strip().splitlines()[0]
-        raise ValueError(f"{path}: its weights do not fit its model spec ({first})") from None
+        raise ValueError(
+            f"{path}: its weights do not fit its model spec ({first_line(err)})"
+        ) from None
 
     baked: Literal["target", "current", "requested"] | None = None
     achieved = target = None

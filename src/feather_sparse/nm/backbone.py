@@ -145,7 +145,7 @@ class NMBackbone(Backbone):
                 )
         super().setup(targets)
         self._orders = orders
-        # a layer grouped by channels computes alone (its groups are not runs of its storage)
+        # a layer not grouped flat computes alone (its groups are not runs of its storage)
         eligible = [
             0 < t.weight.numel() <= _fused.FUSE_MAX_NUMEL and order == "flat"
             for t, order in zip(targets, orders)

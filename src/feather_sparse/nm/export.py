@@ -123,7 +123,7 @@ def decode_nm(
     positions = _unpack_bits(indices, pattern.index_bits, groups * pattern.n)
     positions = positions.reshape(groups, pattern.n)
     _check_positions(positions, pattern)
-    bits = _INT_OF_SIZE.get(values.element_size()) if values.is_floating_point() else None
+    bits = _BITS_DTYPES.get(values.element_size()) if values.is_floating_point() else None
     if bits is None:
         out = torch.zeros(groups, pattern.m, dtype=values.dtype, device=values.device)
         out.scatter_(1, positions.to(values.device), values)
@@ -134,8 +134,14 @@ def decode_nm(
     return raw.view(values.dtype).reshape(shape)
 
 
-#: The integer type of each float size, to move bit patterns unchanged.
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: The integer dtype of each element size, to read or move a float's bit pattern unchanged
+#: (the .fsp codecs use it too).
+_BITS_DTYPES: dict[int, torch.dtype] = {
+    1: torch.uint8,
+    2: torch.int16,
+    4: torch.int32,
+    8: torch.int64,
+}
 
 
 def _check_positions(positions: Tensor, pattern: NMPattern) -> None:
