@@ -447,24 +447,3 @@ def test_cli_export_of_an_nm_run_at_another_sparsity_says_drop_sparsity(
     # at its pattern's sparsity, or without one, it exports
     assert cli.main(["export", str(source), "-o", str(out), "--sparsity", "0.5"]) == 0
     assert inspect_sparse(out).sparsity == pytest.approx(0.5, abs=0.01)
-
-
-@guard(
-    "`export x.fsp` of a file without a model spec (a model not built by `create_model`)",
-    "CLI exit 1: the file holds no architecture; load it in Python with "
-    "`load_sparse(path, model)`; nothing written",
-)
-def test_cli_export_of_a_file_without_a_spec_says_how_to_proceed(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    source, out = tmp_path / "plain.fsp", tmp_path / "out.fsp"
-    save_sparse(nn.Linear(4, 4), source)
-    line = one_line_error(capsys, ["export", str(source), "-o", str(out)])
-    assert "holds no model architecture" in line
-    assert "load_sparse(path, model)" in line and "pass the model to load into" not in line
-    assert not out.exists()
-    # the Python API's own message is as it was
-    with pytest.raises(
-        ValueError, match=r"pass the model to load into: load_sparse\(path, model\)"
-    ):
-        load_sparse(source)

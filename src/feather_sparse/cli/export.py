@@ -11,11 +11,22 @@ from torch import nn
 
 from feather_sparse import models
 from feather_sparse.export.codec import _VALUE_DTYPES
-from feather_sparse.export.files import check_writable
+from feather_sparse.export.files import check_writable, sniff
 from feather_sparse.export.fsp import inspect_sparse, save_sparse
-from feather_sparse.export.header import MODEL_SPEC_ATTR, format_info, human_bytes
+from feather_sparse.export.header import (
+    MODEL_SPEC_ATTR,
+    SparseFileInfo,
+    format_info,
+    human_bytes,
+)
 from feather_sparse.export.onnx import check_example_input, export_onnx, onnx_opset, verify_onnx
-from feather_sparse.export.run import PatternSparsityError, load_export_source, source_paths
+from feather_sparse.export.run import (
+    NoModelSpecError,
+    PatternSparsityError,
+    load_export_source,
+    reencode_sparse,
+    source_paths,
+)
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
@@ -32,8 +43,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--values",
         choices=sorted(_VALUE_DTYPES),
-        default="fp32",
-        help="precision of the stored non-zeros (fp32 is lossless; default: fp32)",
+        default=None,
+        help="precision of the stored non-zeros (fp32 is lossless; default: a .fsp source's "
+        "own precision, fp32 for a training checkpoint)",
     )
     parser.add_argument(
         "--sparsity",
@@ -77,6 +89,39 @@ def _example_input(model: nn.Module, shape: tuple[int, ...]) -> torch.Tensor:
 
 def _same_file(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
+
+
+def _onnx_needs_a_model(path: Path, with_output: bool) -> str:
+    """Why a ``.fsp`` without a model spec has no ONNX export here, and what to do instead."""
+    message = (
+        f"{path} holds no model architecture (no create_model spec: it was saved from a model "
+        "feather-sparse did not build, or one changed since), and ONNX needs the model itself; "
+        "in Python, load the weights into the model they were saved from and export that: "
+        "model = feather_sparse.load_sparse(path, model), then "
+        "feather_sparse.export_onnx(model, 'model.onnx', example_input)"
+    )
+    if with_output:
+        message += "; drop --onnx to write the .fsp alone (its tensors need no model)"
+    return message
+
+
+def _values(given: str | None, source: Path) -> str:
+    """``--values``, or by default the source's own: a ``.fsp``'s precision, fp32 otherwise.
+
+    Re-exporting an fp16 ``.fsp`` keeps it fp16 (at fp32 the file would grow,
+    its values already rounded); a training checkpoint is exported losslessly.
+    """
+    if given is not None:
+        return given
+    return inspect_sparse(source).values if sniff(source) == "safetensors" else "fp32"
+
+
+def _print_written(info: SparseFileInfo) -> None:
+    print(
+        f"wrote {info.path}: {human_bytes(info.file_bytes)} "
+        f"({info.dense_bytes / max(info.file_bytes, 1):.2f}x smaller than dense, "
+        f"sparsity {info.sparsity:.4f})"
+    )
 
 
 def run(command: str, args: argparse.Namespace) -> int:
@@ -127,6 +172,14 @@ def run(command: str, args: argparse.Namespace) -> int:
         raise ValueError(
             f"{err.reason}; drop --sparsity: an N:M run is exported at its pattern's sparsity"
         ) from None
+    except NoModelSpecError as err:
+        # A weight format needs no architecture: the tensors are written again as they are.
+        if args.onnx is not None:
+            raise ValueError(_onnx_needs_a_model(err.path, args.output is not None)) from None
+        info = reencode_sparse(err.path, args.output, values=_values(args.values, err.path))
+        _print_written(info)
+        sys.stdout.flush()
+        return 0
     model = source.model
     example = None
     if args.onnx is not None:  # a shape the model cannot take fails before -o is written
@@ -144,11 +197,13 @@ def run(command: str, args: argparse.Namespace) -> int:
             f"(target {source.target:g}; --sparsity {source.target:g} forces the target)"
         )
     if args.output is not None:
-        info = save_sparse(model, args.output, values=args.values, metadata=source.metadata)
-        print(
-            f"wrote {info.path}: {human_bytes(info.file_bytes)} "
-            f"({info.dense_bytes / max(info.file_bytes, 1):.2f}x smaller than dense, "
-            f"sparsity {info.sparsity:.4f})"
+        _print_written(
+            save_sparse(
+                model,
+                args.output,
+                values=_values(args.values, source.path),
+                metadata=source.metadata,
+            )
         )
     if args.onnx is not None:
         assert example is not None

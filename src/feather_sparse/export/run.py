@@ -2,7 +2,9 @@
 
 What ``feather-sparse export`` reads, without the command line: find the file
 in a run folder, tell a ``.fsp`` from a training checkpoint by its first bytes,
-and rebuild the model with its pruning baked in.
+and rebuild the model with its pruning baked in. A ``.fsp`` that names no
+model (no model spec) is written again from its tensors alone
+(:func:`reencode_sparse`): a weight format needs no architecture.
 
 Export means what the run is: a finished run is finalized at its target
 sparsity (what ``model.fsp`` holds); a run that stopped early keeps the
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -22,8 +25,14 @@ from typing import Any, Literal
 from torch import nn
 
 from feather_sparse import models
-from feather_sparse.export.files import sniff
-from feather_sparse.export.fsp import inspect_sparse, load_sparse
+from feather_sparse.export.files import check_writable, sniff
+from feather_sparse.export.fsp import (
+    inspect_sparse,
+    load_sparse,
+    load_sparse_state_dict,
+    save_sparse,
+)
+from feather_sparse.export.header import SparseFileInfo, _describe_spec
 from feather_sparse.integrity import first_line
 from feather_sparse.nm import NMBackbone
 from feather_sparse.pruner import Pruner
@@ -40,8 +49,10 @@ from feather_sparse.run_files import (
 
 __all__ = [
     "ExportSource",
+    "NoModelSpecError",
     "PatternSparsityError",
     "load_export_source",
+    "reencode_sparse",
     "resolve_source",
     "source_paths",
 ]
@@ -260,6 +271,75 @@ def _check_pattern_sparsity(path: Path, pruner: Pruner, sparsity: float) -> None
         )
 
 
+class NoModelSpecError(ValueError):
+    """A ``.fsp`` that names no model (no ``create_model`` spec), so none can be rebuilt.
+
+    Its tensors can still be written again without one (:func:`reencode_sparse`);
+    what needs the model itself (ONNX) needs it loaded in Python.
+
+    Attributes:
+        path: the file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(
+            f"{path} holds no model architecture (no create_model spec: it was saved from a "
+            "model feather-sparse did not build, or one changed since), so the model cannot be "
+            "rebuilt from the file alone; in Python, load it into the model it was saved "
+            "from: feather_sparse.load_sparse(path, model), then save_sparse(model, ...) or "
+            "export_onnx(model, ...); feather_sparse.export.run.reencode_sparse(path, output) "
+            "writes its tensors again without the model"
+        )
+        self.path = path
+
+
+def _has_spec(info: SparseFileInfo) -> bool:
+    return bool(info.model_spec and "name" in info.model_spec)
+
+
+def reencode_sparse(
+    source: str | os.PathLike[str], output: str | os.PathLike[str], *, values: str = "fp32"
+) -> SparseFileInfo:
+    """Write the tensors of a ``.fsp`` that names no model to ``output``, as a ``.fsp`` again.
+
+    What ``feather-sparse export x.fsp -o y.fsp`` does for a file without a
+    model spec (:class:`NoModelSpecError`): a weight format needs no
+    architecture. Each tensor is decoded and handed to :func:`save_sparse`,
+    which chooses its encoding anew, so an N:M weight keeps its ``nm+lzma``
+    encoding, and with ``values="fp32"`` every tensor comes back bit for bit
+    in its own dtype (a file this version wrote at ``fp32`` is written again
+    byte for byte). The header's metadata is kept; the write is atomic.
+
+    Args:
+        source: a ``.fsp`` without a model spec.
+        output: the file to write; never ``source`` itself, nor a safetensors
+            file another program wrote.
+        values: precision of the stored non-zeros, as for :func:`save_sparse`.
+
+    Returns:
+        The description of the written file.
+
+    Raises:
+        FileExistsError: ``output`` is ``source``, or a file of another kind
+            (a training checkpoint, a Hugging Face ``model.safetensors``);
+            both are left as they are.
+        ValueError: ``source`` is not a readable ``.fsp``, or has a model
+            spec: export it with :func:`load_export_source`, which rebuilds
+            the model and keeps the spec (writing its tensors alone would drop it).
+    """
+    path, target = Path(source), Path(output)
+    check_writable(target, reads=[path])
+    info = inspect_sparse(path)  # the header alone: a file with a spec is refused before decoding
+    if _has_spec(info):
+        raise ValueError(
+            f"{path} has a model spec ({_describe_spec(info.model_spec)}), which writing its "
+            "tensors alone would drop; export it with load_export_source (as feather-sparse "
+            "export does), which rebuilds the model and keeps the spec"
+        )
+    state, info = load_sparse_state_dict(path)
+    return save_sparse(state, target, values=values, metadata=info.metadata)
+
+
 def _check_sparsity(sparsity: float | None) -> None:
     if sparsity is not None and not 0.0 <= sparsity < 1.0:
         raise ValueError(f"the sparsity to export at must be in [0, 1), got {sparsity}")
@@ -290,7 +370,9 @@ def load_export_source(source: Path, sparsity: float | None = None) -> ExportSou
         FileNotFoundError: if ``source`` does not exist or is a folder without a run.
         ValueError: if ``source`` is neither kind of file, is damaged
             (:class:`~feather_sparse.integrity.IntegrityError`), is a ``.fsp``
-            without a model spec (nothing to rebuild the model from), or
+            without a model spec (:class:`NoModelSpecError`: nothing to
+            rebuild the model from; :func:`reencode_sparse` writes its
+            tensors again without it), or
             ``sparsity`` does not apply to it (:class:`PatternSparsityError`
             for an N:M run and another sparsity than its pattern's).
     """
@@ -312,14 +394,8 @@ def load_export_source(source: Path, sparsity: float | None = None) -> ExportSou
                 "when exporting a training checkpoint"
             )
         info = inspect_sparse(path)
-        if not info.model_spec or "name" not in info.model_spec:
-            raise ValueError(
-                f"{path} holds no model architecture (no create_model spec: it was saved from a "
-                "model feather-sparse did not build, or one changed since), so the model cannot be "
-                "rebuilt from the file alone; in Python, load it into the model it was saved "
-                "from: feather_sparse.load_sparse(path, model), then save_sparse(model, ...) or "
-                "export_onnx(model, ...)"
-            )
+        if not _has_spec(info):
+            raise NoModelSpecError(path)
         model = load_sparse(path)
         return ExportSource(model=model.eval(), metadata=dict(info.metadata), path=path)
     raise ValueError(
