@@ -8,8 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 import feather_sparse as fs
+from _guards import guard
 from feather_sparse.nm import NMPattern, group_view, nm_threshold
 from feather_sparse.nm.methods import SR_STE_DECAY
 
@@ -155,3 +157,45 @@ def test_a_state_from_a_model_of_other_widths_is_refused_naming_the_layer() -> N
     beta["backbone"]["beta"] = beta["backbone"]["beta"][:1]
     with pytest.raises(ValueError, match=r"'beta' holds 1 entries for 2 layers"):
         fs.make_pruner(model(), "s-ste", pattern="2:4", **AT_ONCE).load_state_dict(beta)
+
+
+@guard(
+    "`make_pruner(model, 'gmp', pattern='2:4')` (`--method gmp --pattern 2:4`): a method "
+    "with no N:M form",
+    "`ValueError` naming the method, what it fixes (its backbone or operator) and the "
+    "methods that train a pattern; the model is left unwrapped",
+)
+@pytest.mark.parametrize(
+    ("method", "fixed"),
+    [
+        ("gmp", "backbone='uniform'"),
+        ("feather-gmp", "backbone='uniform'"),
+        ("spartan", "backbone='spartan'"),
+        ("st3", "operator='st3'"),
+    ],
+)
+def test_a_method_without_an_nm_form_refuses_a_pattern(method: str, fixed: str) -> None:
+    m = model()
+    before = copy.deepcopy(m.state_dict())
+    with pytest.raises(ValueError, match=f"method '{method}' has no N:M form") as caught:
+        fs.make_pruner(m, method, pattern="2:4", total_steps=4)
+    message = str(caught.value)
+    assert f"it fixes {fixed}" in message
+    for name in [*NM_METHODS, "feather", "hard", "soft", "nonste"]:
+        assert name in message.split("trains one: ")[1].split(", ")
+    for name in ("gmp", "st3", "spartan", "feather-gmp"):
+        assert name not in message.split("trains one: ")[1].split(", ")
+    assert not any(parametrize.is_parametrized(layer) for layer in m.modules())
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    # the training config gives the same message, before any run starts
+    from feather_sparse.methods import pruner_config
+    from feather_sparse.recipes import TrainConfig
+
+    with pytest.raises(ValueError, match=f"method '{method}' has no N:M form"):
+        pruner_config(TrainConfig(method=method, pattern="2:4"))
+
+
+@pytest.mark.parametrize("method", ["feather", "hard", "soft", "nonste"])
+def test_the_thresholding_methods_take_a_pattern(method: str) -> None:
+    pruner = fs.make_pruner(model(), method, pattern="2:4", total_steps=4)
+    assert pruner.report().pattern == "2:4"

@@ -45,7 +45,7 @@ from feather_sparse.backbones import BACKBONES, Backbone
 from feather_sparse.nm.backbone import DEFAULT_PATTERN
 from feather_sparse.nm.methods import ONESHOT_START, SR_STE_DECAY
 from feather_sparse.nm.operator import NMPattern, check_layout, layer_order
-from feather_sparse.ops import OPERATORS, Operator
+from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator
 from feather_sparse.pruner import Pruner, _find_targets
 from feather_sparse.pruner_config import PrunerConfig
 from feather_sparse.registry import Registry
@@ -136,6 +136,8 @@ class Method:
                     f"method {self.name!r} fixes {key}={value!r} (got {given[key]!r}); "
                     "use method='feather' to choose it freely"
                 )
+        if given.get("pattern") is not None:
+            self._check_takes_pattern(given["pattern"])
         out: dict[str, Any] = {**self.fixed, **self.defaults, **given}
         default = self.defaults.get("backbone")
         if (
@@ -165,6 +167,33 @@ class Method:
                 )
             out["backbone"] = {**base, **options}
         return out
+
+    def _pattern_obstacle(self) -> str | None:
+        """What defines this method and has no N:M form, or None when it can take ``pattern=``.
+
+        A backbone of its own other than the N:M one (GMP's uniform layers,
+        Spartan's top-k) has none, nor an operator other than the thresholding
+        ones (ST-3's rescaled soft threshold).
+        """
+        backbone = self.fixed.get("backbone")
+        if backbone is not None and BACKBONES._normalize(_backbone_name(backbone)) != "nm":
+            return f"backbone={backbone!r}"
+        operator = self.fixed.get("operator")
+        if operator is not None and not isinstance(OPERATORS.get(str(operator)), ThresholdOperator):
+            return f"operator={operator!r}"
+        return None
+
+    def _check_takes_pattern(self, pattern: Any) -> None:
+        obstacle = self._pattern_obstacle()
+        if obstacle is None:
+            return
+        choices = ", ".join(
+            n for n in METHODS.names() if METHODS.get(n)._pattern_obstacle() is None
+        )
+        raise ValueError(
+            f"method {self.name!r} has no N:M form (it fixes {obstacle}), so pattern={pattern!r} "
+            f"cannot apply; choose a method that trains one: {choices}"
+        )
 
     def config(self, sparsity: float | None, **kwargs: Any) -> PrunerConfig:
         """This method's :class:`~feather_sparse.pruner_config.PrunerConfig`.
