@@ -2,12 +2,14 @@
 
 One uninterrupted fit (gradient accumulation 2, a checkpoint after each epoch)
 and one fit resumed from the first checkpoint are shared through a
-module-scoped fixture.
+module-scoped fixture; so are the same pairs under manual optimization (two
+optimizers stepping in every batch, and manual gradient accumulation).
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+
+import feather_sparse as fs
 
 pl = pytest.importorskip(
     "lightning.pytorch",
@@ -253,3 +257,316 @@ def test_validating_a_checkpoint_does_not_leak_its_state_into_a_later_fit(runs: 
     trainer.fit(module, loader())
     assert callback.pruner is not None
     assert callback.pruner.current_step == trainer.global_step == OPTIMIZER_STEPS
+
+
+# --------------------------------------------------------------- manual optimization
+# The schedule reaches the target at the last step only, so a Pruner that steps
+# fewer times than its total_steps ends short of it (and finalize would jump).
+RAMP = fs.CubicSchedule(start=0.0, end=1.0)
+BATCHES = SAMPLES // BATCH  # 8 training batches per epoch
+MANUAL_LOG_EVERY = 4
+
+
+class ManualNet(pl.LightningModule):
+    """``self.automatic_optimization = False`` in two shapes.
+
+    ``"gan"``: a generator and a discriminator, each with its own optimizer,
+    both stepping in every batch (``trainer.global_step`` moves by 2 a batch).
+    ``"accumulate"``: one optimizer stepping every ``ACCUMULATION`` batches.
+    ``"skip"``: one optimizer stepping in every batch but one of the second epoch
+    (a module skipping ``optimizer.step()`` on a bad loss).
+    """
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.mode = mode
+        self.gen = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+        self.disc = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 3))
+        self.optimizer_steps = 0
+        self.feather_logs: list[int] = []  # trainer.global_step at each Feather log_dict
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.disc(self.gen(x)), y)
+        optimizers = self.optimizers()
+        if self.mode == "gan":
+            assert isinstance(optimizers, list)
+            for optimizer in optimizers:
+                optimizer.zero_grad()
+            self.manual_backward(loss)
+            for optimizer in optimizers:
+                optimizer.step()
+                self.optimizer_steps += 1
+        elif self.mode == "skip":  # one optimizer, one batch of the second epoch skipped
+            assert not isinstance(optimizers, list)
+            optimizers.zero_grad()
+            self.manual_backward(loss)
+            if (self.current_epoch, batch_idx) != (1, 3):
+                optimizers.step()
+                self.optimizer_steps += 1
+        else:
+            assert not isinstance(optimizers, list)
+            self.manual_backward(loss / ACCUMULATION)
+            if (batch_idx + 1) % ACCUMULATION == 0:
+                optimizers.step()
+                optimizers.zero_grad()
+                self.optimizer_steps += 1
+
+    def configure_optimizers(self) -> Any:
+        if self.mode == "gan":
+            return [
+                torch.optim.SGD(self.gen.parameters(), lr=0.1, momentum=0.9),
+                torch.optim.SGD(self.disc.parameters(), lr=0.1, momentum=0.9),
+            ]
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+    def log_dict(self, dictionary: Any, *args: Any, **kwargs: Any) -> None:
+        if any(str(k).startswith("feather/") for k in dictionary):
+            self.feather_logs.append(self.trainer.global_step)
+        super().log_dict(dictionary, *args, **kwargs)
+
+
+def manual_bare_trainer(callbacks: list[Any]) -> Any:
+    """``bare_trainer`` without ``accumulate_grad_batches`` (refused with manual optimization)."""
+    return pl.Trainer(
+        max_epochs=EPOCHS,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+
+
+@dataclass
+class ManualFit:
+    module: ManualNet
+    callback: FeatherCallback
+    trainer: Any
+    root: Path
+
+
+def manual_fit(
+    root: Path,
+    mode: str,
+    ckpt_path: str | None = None,
+    total_steps: int | None = None,
+    **trainer_kwargs: Any,
+) -> ManualFit:
+    torch.manual_seed(0)
+    module = ManualNet(mode)
+    callback = FeatherCallback(SPARSITY, total_steps=total_steps, exclude=["disc.2"], schedule=RAMP)
+    checkpoints = pl.callbacks.ModelCheckpoint(
+        dirpath=root / "ckpt", save_top_k=-1, every_n_epochs=1
+    )
+    trainer = pl.Trainer(
+        **{"max_epochs": EPOCHS, "log_every_n_steps": MANUAL_LOG_EVERY, **trainer_kwargs},
+        accelerator="cpu",
+        devices=1,
+        logger=pl.loggers.CSVLogger(root),
+        callbacks=[callback, checkpoints],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with one_thread():
+        trainer.fit(module, loader(), ckpt_path=ckpt_path)
+    return ManualFit(module, callback, trainer, root)
+
+
+def pruned_layers(module: ManualNet) -> list[nn.Linear]:
+    return [module.gen[0], module.gen[2], module.disc[0]]
+
+
+def assert_reached_the_target_on_the_last_step(run: ManualFit, steps: int) -> None:
+    pruner = run.callback.pruner
+    assert pruner is not None
+    assert pruner.current_step == pruner.total_steps == steps
+    assert pruner.scheduled_sparsity() == SPARSITY  # finalize did not jump
+    layers = pruned_layers(run.module)
+    assert not any(hasattr(m, "parametrizations") for m in layers)
+    n = sum(m.weight.numel() for m in layers)
+    assert sum(int((m.weight == 0).sum()) for m in layers) == round(SPARSITY * n)
+
+
+@pytest.fixture(scope="module")
+def gan_full(tmp_path_factory: pytest.TempPathFactory) -> ManualFit:
+    return manual_fit(tmp_path_factory.mktemp("gan"), "gan")
+
+
+def gan_checkpoint(full: ManualFit) -> Path:
+    """The end of the first epoch: both optimizers step in every batch, 2 steps a batch."""
+    return full.root / "ckpt" / f"epoch=0-step={2 * BATCHES}.ckpt"
+
+
+@pytest.fixture(scope="module")
+def gan_resumed(gan_full: ManualFit, tmp_path_factory: pytest.TempPathFactory) -> ManualFit:
+    return manual_fit(tmp_path_factory.mktemp("gan-resumed"), "gan", str(gan_checkpoint(gan_full)))
+
+
+def test_manual_two_optimizers_step_the_pruner_once_per_batch(gan_full: ManualFit) -> None:
+    run = gan_full
+    assert run.trainer.global_step == run.module.optimizer_steps == 2 * BATCHES * EPOCHS
+    assert run.trainer.estimated_stepping_batches == BATCHES * EPOCHS  # batches, not steps
+    assert_reached_the_target_on_the_last_step(run, BATCHES * EPOCHS)
+
+
+def test_manual_two_optimizers_log_every_n_pruner_steps(gan_full: ManualFit) -> None:
+    """Lightning logs every ``log_every_n_steps`` batches under manual optimization;
+    the callback computes its metrics at that cadence, not at every batch whose
+    global_step (2 per batch) happens to divide."""
+    run = gan_full
+    assert run.callback.pruner is not None
+    steps = range(MANUAL_LOG_EVERY, BATCHES * EPOCHS + 1, MANUAL_LOG_EVERY)
+    assert run.module.feather_logs == [2 * k for k in steps]
+    (path,) = run.root.glob("lightning_logs/*/metrics.csv")
+    rows = [r for r in csv.DictReader(path.open()) if r.get("feather/sparsity")]
+    assert [int(r["step"]) for r in rows] == [k - 1 for k in steps]  # Lightning's batch index
+    for k, row in zip(steps, rows):
+        scheduled = run.callback.pruner.scheduled_sparsity(k)
+        assert float(row["feather/scheduled_sparsity"]) == pytest.approx(scheduled)
+
+
+def test_manual_checkpoint_records_the_pruner_and_trainer_steps(gan_full: ManualFit) -> None:
+    checkpoint = torch.load(gan_checkpoint(gan_full), map_location="cpu", weights_only=False)
+    state = checkpoint["callbacks"]["FeatherCallback"]
+    assert (state["step"], state["lightning_global_step"]) == (BATCHES, 2 * BATCHES)
+    ManualNet("gan").load_state_dict(checkpoint["state_dict"], strict=True)
+
+
+def test_manual_two_optimizers_resume_bit_exactly(
+    gan_full: ManualFit, gan_resumed: ManualFit
+) -> None:
+    full, resumed = gan_full, gan_resumed
+    assert resumed.module.optimizer_steps == 2 * BATCHES * (EPOCHS - 1)
+    assert_reached_the_target_on_the_last_step(resumed, BATCHES * EPOCHS)
+    expected = full.module.state_dict()
+    for key, value in resumed.module.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+
+
+@guard(
+    "Lightning, manual optimization: resuming with a Pruner state saved at another trainer step",
+    "`ValueError` naming both steps; the module left plain",
+)
+def test_manual_resume_from_another_step_is_refused(gan_full: ManualFit, tmp_path: Path) -> None:
+    checkpoint = torch.load(gan_checkpoint(gan_full), map_location="cpu", weights_only=False)
+    checkpoint["callbacks"]["FeatherCallback"]["lightning_global_step"] = 2 * BATCHES - 2
+    other = tmp_path / "other.ckpt"
+    torch.save(checkpoint, other)
+    module = ManualNet("gan")
+    callback = FeatherCallback(SPARSITY, exclude=["disc.2"], schedule=RAMP)
+    trainer = manual_bare_trainer([callback])
+    with pytest.raises(ValueError, match=r"saved at trainer step 14 but the Trainer resumes at 16"):
+        trainer.fit(module, loader(), ckpt_path=str(other))
+    assert callback.pruner is None
+    assert not any(hasattr(m, "parametrizations") for m in module.modules())
+
+
+@dataclass
+class ManualRuns:
+    full: ManualFit
+    resumed: ManualFit
+
+
+@pytest.fixture(scope="module")
+def accumulate_runs(tmp_path_factory: pytest.TempPathFactory) -> ManualRuns:
+    steps = EPOCHS * (BATCHES // ACCUMULATION)
+    full = manual_fit(tmp_path_factory.mktemp("acc"), "accumulate", total_steps=steps)
+    checkpoint = full.root / "ckpt" / f"epoch=0-step={BATCHES // ACCUMULATION}.ckpt"
+    resumed = manual_fit(
+        tmp_path_factory.mktemp("acc-resumed"), "accumulate", str(checkpoint), total_steps=steps
+    )
+    return ManualRuns(full, resumed)
+
+
+def test_manual_accumulation_with_total_steps_reaches_the_target(
+    accumulate_runs: ManualRuns,
+) -> None:
+    run = accumulate_runs.full
+    steps = EPOCHS * (BATCHES // ACCUMULATION)
+    assert run.trainer.global_step == run.module.optimizer_steps == steps
+    assert_reached_the_target_on_the_last_step(run, steps)
+    assert run.module.feather_logs == [MANUAL_LOG_EVERY, 2 * MANUAL_LOG_EVERY]
+
+
+def test_manual_accumulation_resumes_bit_exactly(accumulate_runs: ManualRuns) -> None:
+    full, resumed = accumulate_runs.full, accumulate_runs.resumed
+    steps = EPOCHS * (BATCHES // ACCUMULATION)
+    assert resumed.module.optimizer_steps == steps // EPOCHS
+    assert_reached_the_target_on_the_last_step(resumed, steps)
+    expected = full.module.state_dict()
+    for key, value in resumed.module.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+
+
+@guard(
+    "Lightning, manual optimization: gradient accumulation (a batch without `optimizer.step()`)"
+    " and no `total_steps`",
+    "`ValueError` at that batch saying to pass `total_steps=N`; the module left dense",
+)
+def test_manual_accumulation_without_total_steps_is_refused(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = ManualNet("accumulate")
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    callback = FeatherCallback(SPARSITY, exclude=["disc.2"], schedule=RAMP)
+    trainer = manual_bare_trainer([callback])
+    with pytest.raises(ValueError, match=r"batch 0 .* without an optimizer step.*total_steps=N"):
+        trainer.fit(module, loader())
+    assert callback.pruner is None
+    assert not any(hasattr(m, "parametrizations") for m in module.modules())
+    for key, value in module.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+@guard(
+    "Lightning, manual optimization without `total_steps`: a batch after the first epoch "
+    "without `optimizer.step()` (skipped on a bad loss)",
+    "one warning; the fit goes on and is finalized at the target (the schedule one step behind)",
+)
+def test_manual_batch_skipped_after_the_first_epoch_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="feather_sparse.integrations.lightning"):
+        run = manual_fit(tmp_path, "skip")
+    skipped = [r for r in caplog.records if "without an optimizer step" in r.getMessage()]
+    assert len(skipped) == 1 and "batch 3 of epoch 1" in skipped[0].getMessage()
+    assert run.module.optimizer_steps == BATCHES * EPOCHS - 1
+    assert not any(hasattr(m, "parametrizations") for m in run.module.modules())  # finalized
+    assert run.callback.final_sparsity == pytest.approx(SPARSITY, abs=1e-3)
+
+
+@guard(
+    "Lightning, manual optimization: `max_steps` with several `optimizer.step()` calls per batch"
+    " and no `total_steps`",
+    "`ValueError` at the first batch saying to pass `total_steps=N`; the module left dense",
+)
+def test_manual_max_steps_with_two_optimizers_needs_total_steps(tmp_path: Path) -> None:
+    # max_steps counts both optimizers' steps: the fit ends after 5 of the 16 batches
+    # estimated_stepping_batches promises (min(16, 10) = 10).
+    with pytest.raises(ValueError, match=r"max_steps=10\).* made 2.*total_steps=N.*e\.g\. 5 "):
+        manual_fit(tmp_path / "refused", "gan", max_steps=10)
+    run = manual_fit(tmp_path / "given", "gan", max_steps=10, total_steps=5)
+    assert run.trainer.global_step == 10
+    assert_reached_the_target_on_the_last_step(run, 5)
+
+
+def test_manual_max_steps_that_cannot_end_the_fit_early_is_accepted(tmp_path: Path) -> None:
+    run = manual_fit(tmp_path, "gan", max_steps=2 * BATCHES * EPOCHS)
+    assert run.trainer.global_step == 2 * BATCHES * EPOCHS
+    assert_reached_the_target_on_the_last_step(run, BATCHES * EPOCHS)
+
+
+def test_a_fit_ending_before_the_schedule_does_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    module = TinyNet()
+    callback = FeatherCallback(
+        SPARSITY, total_steps=2 * OPTIMIZER_STEPS, exclude=["head"], schedule=RAMP
+    )
+    with caplog.at_level("WARNING", logger="feather_sparse.integrations.lightning"):
+        bare_trainer([callback]).fit(module, loader())
+    assert "finalize prunes to the target 0.7500 in one jump" in caplog.text
+    assert f"after {OPTIMIZER_STEPS} of the schedule's {2 * OPTIMIZER_STEPS} steps" in caplog.text

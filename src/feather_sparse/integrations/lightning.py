@@ -23,7 +23,7 @@ What the callback does, hook by hook:
 - ``on_train_batch_end``: ``pruner.step()`` when this batch ended with an
   optimizer step (``trainer.global_step`` moved), so with gradient
   accumulation the Pruner steps once per optimizer step. Every
-  ``log_every_n_steps`` optimizer steps it logs ``feather/sparsity``,
+  ``log_every_n_steps`` Pruner steps it logs ``feather/sparsity``,
   ``feather/scheduled_sparsity`` and ``feather/threshold`` through
   ``LightningModule.log_dict`` (to every attached logger).
 - ``state_dict`` / ``load_state_dict``: the Pruner's state travels in the
@@ -33,9 +33,36 @@ What the callback does, hook by hook:
 - ``on_train_end``: :meth:`~feather_sparse.Pruner.finalize` — the module holds
   plain weights with exact zeros at the target sparsity.
 
-Only the automatic-optimization flow with one optimizer is covered by the
-tests; with manual optimization the Pruner steps once per training batch in
-which at least one optimizer stepped.
+Manual optimization (``self.automatic_optimization = False``). There
+``trainer.global_step`` counts every ``optimizer.step()`` call of every
+optimizer (two per batch for a GAN stepping a generator and a discriminator)
+and ``estimated_stepping_batches`` counts training batches. The Pruner steps
+once per training batch in which at least one optimizer stepped, after all of
+them, and its schedule is laid out on ``estimated_stepping_batches`` batches:
+right when every batch steps. Without ``total_steps=`` the callback checks
+that, and raises a ``ValueError`` saying to pass ``total_steps=N`` (N = the
+number of batches in which an optimizer steps) at the first batch that shows
+otherwise, after detaching the Pruner (the module keeps its dense weights):
+
+- a batch with no optimizer step in the fit's first epoch (manual gradient
+  accumulation over ``k`` batches: pass
+  ``total_steps = max_epochs * (batches per epoch // k)``); a batch skipped
+  later (a module that skips ``optimizer.step()`` on a NaN loss, say) only
+  logs a warning, once, so that it never ends a long fit: the schedule falls
+  behind by one step per skipped batch;
+- a batch with several optimizer steps while ``Trainer(max_steps=M)`` may end
+  the fit before its last batch (``max_steps`` counts every optimizer's
+  steps, so the fit runs ``ceil(M / steps per batch)`` batches).
+
+The checkpoint then also records ``trainer.global_step`` beside the Pruner's
+step (key ``"lightning_global_step"``), and resuming from a state saved at
+another trainer step is refused. Logging every ``log_every_n_steps`` Pruner
+steps matches Lightning's own cadence here (every ``log_every_n_steps``
+batches) when every batch steps.
+
+In every mode, a fit that ends before the schedule reaches the target (early
+stopping, ``max_time``, a ``total_steps=`` larger than the steps run) logs a
+warning before ``finalize`` prunes to the target in one jump.
 """
 
 from __future__ import annotations
@@ -52,6 +79,15 @@ __all__ = ["FeatherCallback"]
 
 logger = logging.getLogger(__name__)
 
+# Manual optimization only: ``trainer.global_step`` when the Pruner state was
+# saved (it differs from the Pruner's step when a batch steps several optimizers).
+_GLOBAL_STEP_KEY = "lightning_global_step"
+
+_RESUME_REMEDY = (
+    "the checkpoint holds no Pruner state (saved without FeatherCallback) or another "
+    "run's; resume from a checkpoint this callback wrote, or start a new fit"
+)
+
 
 class FeatherCallback(DrivenCallback, pl.Callback):
     """Prune a ``LightningModule`` with Feather during ``trainer.fit``.
@@ -61,7 +97,9 @@ class FeatherCallback(DrivenCallback, pl.Callback):
             ``pattern="N:M"``, which implies it.
         total_steps: optimizer steps the schedule is laid out on; default
             ``trainer.estimated_stepping_batches`` (give it when that is
-            infinite, e.g. an iterable data set with ``max_steps=-1``).
+            infinite, e.g. an iterable data set with ``max_steps=-1``). Under
+            manual optimization: the number of training batches in which an
+            optimizer steps (give it for manual gradient accumulation).
         finalize: at the end of training, bake ``P_T(w)`` into the weights and
             remove the parametrizations (default); False detaches and leaves
             the dense weights.
@@ -78,7 +116,9 @@ class FeatherCallback(DrivenCallback, pl.Callback):
     Raises:
         ValueError: for an argument the Pruner does not take, a value it refuses
             (checked here, with the Pruner's messages), or a ``finalize`` or
-            ``log_layers`` that is not a bool.
+            ``log_layers`` that is not a bool; during ``fit``, under manual
+            optimization without ``total_steps``, when the batches do not step
+            as the default count assumes (see the module docstring).
     """
 
     def __init__(
@@ -98,6 +138,11 @@ class FeatherCallback(DrivenCallback, pl.Callback):
         self.total_steps = total_steps
         self._drive(sparsity, pruner_kwargs, finalize=finalize, log_layers=log_layers)
         self._seen_global_step = 0
+        self._manual = False  # the module uses manual optimization (set when training starts)
+        self._batches: float = math.inf  # training batches the fit runs if max_steps allows
+        self._pending_global_step: int | None = None  # from a manual-optimization checkpoint
+        self._first_epoch = 0  # the epoch this fit (or resumed fit) started in
+        self._warned_skip = False  # a later batch without an optimizer step was warned about
 
     # ------------------------------------------------------------------ hooks
     def _total(self, trainer: pl.Trainer) -> int:
@@ -111,13 +156,30 @@ class FeatherCallback(DrivenCallback, pl.Callback):
             )
         return int(estimated)
 
+    @staticmethod
+    def _batches_without_max_steps(trainer: pl.Trainer) -> float:
+        """The training batches of the whole fit as ``max_epochs`` sets them (inf if unbounded)."""
+        per_epoch = trainer.num_training_batches
+        if trainer.max_epochs is None or trainer.max_epochs == -1 or not math.isfinite(per_epoch):
+            return math.inf
+        return int(per_epoch) * max(trainer.max_epochs, 1)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._manual = not pl_module.automatic_optimization
+        self._first_epoch, self._warned_skip = trainer.current_epoch, False
+        self._batches = self._batches_without_max_steps(trainer)
         self._driver.attach(pl_module, self._total(trainer))
-        self._driver.check_step(
-            trainer.global_step,
-            "the checkpoint holds no Pruner state (saved without FeatherCallback) or another "
-            "run's; resume from a checkpoint this callback wrote, or start a new fit",
-        )
+        saved_at, self._pending_global_step = self._pending_global_step, None
+        if self._manual and saved_at is not None:
+            # The Pruner counts batches that stepped, the Trainer every optimizer's steps.
+            if saved_at != trainer.global_step:
+                self._driver.reset()  # leave the model plain, as a failed attach does
+                raise ValueError(
+                    f"the Pruner state was saved at trainer step {saved_at} but the Trainer "
+                    f"resumes at {trainer.global_step}: {_RESUME_REMEDY}"
+                )
+        else:
+            self._driver.check_step(trainer.global_step, _RESUME_REMEDY)
         self._seen_global_step = trainer.global_step
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -130,7 +192,7 @@ class FeatherCallback(DrivenCallback, pl.Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":  # validate/test/predict(ckpt_path=...) restored a state: not for a fit
-            self._driver.load_state_dict({})
+            self.load_state_dict({})
 
     def on_train_batch_end(
         self,
@@ -140,23 +202,105 @@ class FeatherCallback(DrivenCallback, pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if trainer.global_step == self._seen_global_step:
+        moved = trainer.global_step - self._seen_global_step
+        if self._manual and self.total_steps is None:
+            self._check_manual_batch(trainer, moved, batch_idx)
+        if moved == 0:
             return  # accumulating gradients: no optimizer step in this batch
         self._seen_global_step = trainer.global_step
         self._driver.step()
+        pruner = self._driver.pruner
+        assert pruner is not None  # step() raises otherwise
         # Set by the Trainer's logger connector at runtime (not a declared attribute).
         every = int(getattr(trainer, "log_every_n_steps", 1))
-        if every > 0 and trainer.global_step % every == 0:
+        # The Pruner's step, not global_step: under manual optimization one batch may
+        # move global_step by several, and Lightning logs every `every` batches.
+        if every > 0 and pruner.current_step % every == 0:
             pl_module.log_dict(self._driver.metrics(), on_step=True, on_epoch=False)
 
+    def _check_manual_batch(self, trainer: pl.Trainer, moved: int, batch_idx: int) -> None:
+        """Under manual optimization with the default ``total_steps`` (the training
+        batches), raise unless this batch keeps the Pruner's steps in line with them.
+
+        Raises:
+            ValueError: for a batch without an optimizer step, or with several while
+                ``max_steps`` may end the fit early; the Pruner is detached first.
+        """
+        where = f"training batch {batch_idx} of epoch {trainer.current_epoch}"
+        if moved == 0 and trainer.current_epoch > self._first_epoch:
+            # Accumulation shows in the fit's first epoch; a batch skipped later (a
+            # NaN loss, say) must not end hours of training: the schedule lags a step.
+            if not self._warned_skip:
+                self._warned_skip = True
+                logger.warning(
+                    "%s: with manual optimization, %s ended without an optimizer step; the "
+                    "Pruner does not step for it, so its schedule (laid out on every "
+                    "training batch) falls behind by one step per such batch and finalize "
+                    "jumps to the target at the end (pass total_steps= the number of batches "
+                    "in which an optimizer steps to lay it out on those)",
+                    type(self).__name__,
+                    where,
+                )
+            return
+        if moved == 0:
+            problem = (
+                f"with manual optimization, {where} ended without an optimizer step (manual "
+                "gradient accumulation?), so the Pruner would step fewer times than the "
+                "training batches its schedule is laid out on and not reach the target"
+            )
+            example = "max_epochs * (batches per epoch // k) for accumulation over k batches"
+        elif moved != 1 and trainer.max_steps != -1 and self._batches * moved > trainer.max_steps:
+            problem = (
+                f"with manual optimization, Trainer(max_steps={trainer.max_steps}) counts every "
+                f"optimizer's steps and {where} made {moved}, so the fit may end before the "
+                "training batches the Pruner's schedule is laid out on"
+            )
+            batches = math.ceil(trainer.max_steps / moved)
+            example = (
+                f"{batches} = max_steps / {moved}, rounded up, for {moved} steps in every batch"
+            )
+        else:
+            return
+        self._driver.reset()  # the module keeps its dense weights
+        raise ValueError(
+            f"{problem}; pass FeatherCallback(..., total_steps=N) with N the number of "
+            f"training batches in which an optimizer steps (e.g. {example})"
+        )
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        pruner = self._driver.pruner
+        if self._driver.attached and self._driver.finalize and pruner is not None:
+            scheduled = pruner.scheduled_sparsity()
+            if scheduled < pruner.sparsity:
+                logger.warning(
+                    "%s: training ended after %d of the schedule's %d steps, at scheduled "
+                    "sparsity %.4f; finalize prunes to the target %.4f in one jump (pass "
+                    "total_steps= the number of steps the fit runs)",
+                    type(self).__name__,
+                    pruner.current_step,
+                    pruner.total_steps,
+                    scheduled,
+                    pruner.sparsity,
+                )
         self._driver.finish()
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """The Pruner's state, stored in Lightning checkpoints."""
-        return self._driver.state_dict()
+        """The Pruner's state, stored in Lightning checkpoints (with manual optimization,
+        also ``trainer.global_step`` under ``"lightning_global_step"``)."""
+        state = self._driver.state_dict()
+        if not state:
+            return state
+        if self._driver.attached:
+            if self._manual:
+                state = {**state, _GLOBAL_STEP_KEY: self._seen_global_step}
+        elif self._pending_global_step is not None:
+            state = {**state, _GLOBAL_STEP_KEY: self._pending_global_step}
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a checkpoint's Pruner state (applied when training starts)."""
-        self._driver.load_state_dict(state_dict)
+        state = dict(state_dict)
+        saved_at = state.pop(_GLOBAL_STEP_KEY, None)
+        self._pending_global_step = None if saved_at is None else int(saved_at)
+        self._driver.load_state_dict(state)
