@@ -214,3 +214,12 @@ def test_export_of_a_fsp_keeps_its_precision_by_default(
         # an explicit --values still wins
         assert cli.main(["export", str(path), "-o", str(out), "--values", "fp32"]) == 0
         assert inspect_sparse(out).values == "fp32"
+
+
+def test_reencode_sparse_keeps_the_precision_by_default(specless: Path) -> None:
+    half = specless.parent / "half.fsp"
+    save_sparse(custom_model(), half, values="bf16")
+    out = specless.parent / "again.fsp"
+    assert export_run.reencode_sparse(half, out).values == "bf16"
+    assert out.read_bytes() == half.read_bytes()
+    assert export_run.reencode_sparse(half, out, values="fp32").values == "fp32"

@@ -48,7 +48,12 @@ from feather_sparse.export.inference import (
     to_sparse_inference,
 )
 from feather_sparse.export.onnx import export_onnx, verify_onnx
-from feather_sparse.export.run import ExportSource, load_export_source
+from feather_sparse.export.run import (
+    ExportSource,
+    NoModelSpecError,
+    load_export_source,
+    reencode_sparse,
+)
 
 __all__ = [
     "BASE_FORMAT_VERSION",
@@ -56,6 +61,7 @@ __all__ = [
     "FORMAT_VERSION",
     "PATTERN_CODECS",
     "ExportSource",
+    "NoModelSpecError",
     "PatternCodec",
     "SparseFileInfo",
     "SparseLinear",
@@ -68,6 +74,7 @@ __all__ = [
     "load_export_source",
     "load_sparse",
     "load_sparse_state_dict",
+    "reencode_sparse",
     "run_cli",  # forwarded to the CLI layer by __getattr__
     "save_sparse",
     "to_sparse_inference",

@@ -287,7 +287,7 @@ class NoModelSpecError(ValueError):
             "model feather-sparse did not build, or one changed since), so the model cannot be "
             "rebuilt from the file alone; in Python, load it into the model it was saved "
             "from: feather_sparse.load_sparse(path, model), then save_sparse(model, ...) or "
-            "export_onnx(model, ...); feather_sparse.export.run.reencode_sparse(path, output) "
+            "export_onnx(model, ...); feather_sparse.export.reencode_sparse(path, output) "
             "writes its tensors again without the model"
         )
         self.path = path
@@ -298,7 +298,7 @@ def _has_spec(info: SparseFileInfo) -> bool:
 
 
 def reencode_sparse(
-    source: str | os.PathLike[str], output: str | os.PathLike[str], *, values: str = "fp32"
+    source: str | os.PathLike[str], output: str | os.PathLike[str], *, values: str | None = None
 ) -> SparseFileInfo:
     """Write the tensors of a ``.fsp`` that names no model to ``output``, as a ``.fsp`` again.
 
@@ -306,15 +306,17 @@ def reencode_sparse(
     model spec (:class:`NoModelSpecError`): a weight format needs no
     architecture. Each tensor is decoded and handed to :func:`save_sparse`,
     which chooses its encoding anew, so an N:M weight keeps its ``nm+lzma``
-    encoding, and with ``values="fp32"`` every tensor comes back bit for bit
-    in its own dtype (a file this version wrote at ``fp32`` is written again
-    byte for byte). The header's metadata is kept; the write is atomic.
+    encoding, and at the file's own precision (the default) or ``"fp32"``
+    every tensor comes back bit for bit in its own dtype (a file this
+    version wrote is written again byte for byte at its own precision). The
+    header's metadata is kept; the write is atomic.
 
     Args:
         source: a ``.fsp`` without a model spec.
         output: the file to write; never ``source`` itself, nor a safetensors
             file another program wrote.
-        values: precision of the stored non-zeros, as for :func:`save_sparse`.
+        values: precision of the stored non-zeros, as for :func:`save_sparse`;
+            default: the source file's own.
 
     Returns:
         The description of the written file.
@@ -337,7 +339,7 @@ def reencode_sparse(
             "export does), which rebuilds the model and keeps the spec"
         )
     state, info = load_sparse_state_dict(path)
-    return save_sparse(state, target, values=values, metadata=info.metadata)
+    return save_sparse(state, target, values=values or info.values, metadata=info.metadata)
 
 
 def _check_sparsity(sparsity: float | None) -> None:
