@@ -47,12 +47,12 @@ def _count_trainings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 @pytest.mark.parametrize(
     "extra",
     [
-        ("--threads", "2", "--runs-dir", "elsewhere/runs"),
+        ("--quick", "--threads", "2", "--runs-dir", "elsewhere/runs"),
         ("--suite", "paper-regime", "--threads", "2", "--runs-dir", "elsewhere/runs"),
     ],
 )
 def test_page_command_plans_the_same_runs(extra: tuple[str, ...], tmp_path: Path) -> None:
-    argv = ("compare", "--quick", "--methods", "GMP", "--out", str(tmp_path), *extra)
+    argv = ("compare", "--methods", "GMP", "--out", str(tmp_path), *extra)
     opts = _opts(*argv)
     command = _rebuild_command("compare", opts)
     assert "--threads 2" in command and "--runs-dir elsewhere/runs" in command

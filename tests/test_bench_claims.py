@@ -85,3 +85,28 @@ def test_cli_writes_the_claims_page(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert f"- command: `feather-sparse bench claims --out {tmp_path}" in text
     assert cli.main(["bench", "claims", "--out", str(tmp_path / "none")]) == 1
     assert "is not a results folder" in capsys.readouterr().err
+
+
+def test_stability_claim_pairs_runs_at_the_same_sparsity(tmp_path: Path) -> None:
+    # `bench stability --sparsities 0.9,0.98`: one cell per sparsity, seeds paired within it
+    runs = tmp_path / "runs"
+    raw = []
+    halves = {0.9: {"θ = 0": 0.9, "θ = 1": 0.5}, 0.98: {"θ = 0": 0.2, "θ = 1": 0.6}}
+    for x, rows in halves.items():
+        for theta, r in rows.items():
+            for seed in range(3):
+                key = f"{theta}-{x}-{seed}".replace(" ", "")
+                outcome = RunOutcome(
+                    key=key,
+                    config={},
+                    ok=True,
+                    stability_epochs=(1, 2, 3, 4),
+                    stability_pearson=(0.1, r + 0.01 * seed, 0.95, 1.0),
+                )
+                (runs / key).mkdir(parents=True)
+                (runs / key / "result.json").write_text(json.dumps(outcome.to_json()))
+                raw.append({"group": theta, "x": x, "seed": seed, "key": key, "ok": True})
+    (tmp_path / "stability.json").write_text(json.dumps(raw))
+    (result,) = [r for r in assess_claims(tmp_path, runs) if "mask" in r.claim]
+    assert [(c.x, c.diff.verdict) for c in result.comparisons] == [(0.9, "win"), (0.98, "loss")]
+    assert result.verdict == "not reproduced"

@@ -140,6 +140,11 @@ def test_pages_survive_cells_that_failed_and_the_cli_lists_each_failure(
     assert (tmp_path / "backbones-accuracy.png").is_file()
 
 
+@guard(
+    "Ctrl-C in the middle of a `bench` sweep",
+    "the interrupt goes on; the session is logged in `OUT/sweep.jsonl` marked interrupted, "
+    "with the runs it finished; the next command continues from them",
+)
 def test_a_stopped_sweep_continues_with_the_runs_it_has(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -160,8 +165,12 @@ def test_a_stopped_sweep_continues_with_the_runs_it_has(
     again = run_experiment("theta", opts)
     assert (again.runs, again.trained, again.failed) == (5, 3, 0)
     sessions = [json.loads(line) for line in (tmp_path / "sweep.jsonl").read_text().splitlines()]
-    assert [s["trained"] for s in sessions] == [3]  # the stopped session wrote no page
-    assert "- sweep wall time: " in again.page.read_text()
+    # the stopped session wrote no page, but its time and its two finished runs are logged
+    assert [s["trained"] for s in sessions] == [2, 3]
+    assert sessions[0]["interrupted"] is True and sessions[0]["error"] == "KeyboardInterrupt"
+    assert sessions[0]["experiments"] == ["theta"] and sessions[0]["seconds"] >= 0
+    assert "interrupted" not in sessions[1]
+    assert "5 runs trained in 2 session(s) (1 interrupted)" in again.page.read_text()
 
 
 def test_suite_pages_name_the_suite_its_rule_and_rank_against_the_auto_theta(

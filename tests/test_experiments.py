@@ -18,7 +18,7 @@ import pytest
 
 from feather_sparse import cli
 from feather_sparse.bench.pages import Context, _footer, _numerics_line, finite_curve
-from feather_sparse.bench.runner import _warn_foreign
+from feather_sparse.bench.runner import _warn_foreign, load_outcome
 from feather_sparse.experiments import (
     COMPARE_METHODS,
     EXPERIMENTS,
@@ -98,10 +98,17 @@ def test_runs_are_cached_forced_and_failures_reported(
     cached = run_experiment("stability", opts)
     assert cached.trained == 0
     assert "0 trained by this command" in cached.page.read_text()
-    # After `bench all`'s shared pool, the page names that pool instead.
-    pooled = run_experiment("stability", opts, pool=(7, 150.0)).page.read_text()
-    assert "`bench all`: 7 runs trained in 2.5 min" in pooled
-    assert "0 trained by this command" not in pooled
+    # After `bench all`'s shared pool, the page names that pool for the runs it trained
+    # (those in `attempted`), and only for them.
+    (row,) = json.loads((tmp_path / "stability.json").read_text())
+    stored = {row["key"]: load_outcome(tmp_path / "runs" / row["key"])}
+    pooled = run_experiment("stability", opts, pool=(7, 150.0), attempted=stored)
+    assert "`bench all`: 7 runs trained in 2.5 min" in pooled.page.read_text()
+    assert "1 trained by this command, 0 reused" in pooled.page.read_text()
+    reused = run_experiment("stability", opts, pool=(7, 150.0), attempted={}).page.read_text()
+    assert "0 trained by this command, 1 reused" in reused and "one pool" not in reused
+    with pytest.raises(ValueError, match="attempted"):  # it could not tell which is which
+        run_experiment("stability", opts, pool=(7, 150.0))
     # Bench runs test only the final model (eval_every=0): no per-epoch test rows.
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -104,7 +104,7 @@ def _compare_rows(
 
 
 def _stability_cells(out: Path, runs_dir: Path, fraction: float = 0.5) -> Cells | None:
-    """Pearson r with the final mask at ``fraction`` of training, per θ row and seed."""
+    """Pearson r with the final mask at ``fraction`` of training, per (θ row, sparsity) and seed."""
     file = out / "stability.json"
     if not file.is_file():
         return None
@@ -115,7 +115,7 @@ def _stability_cells(out: Path, runs_dir: Path, fraction: float = 0.5) -> Cells 
             continue
         r = _r_at(outcome, fraction)
         if math.isfinite(r):
-            cells.setdefault((row["group"], 0.0), {})[int(row["seed"])] = r
+            cells.setdefault((row["group"], float(row["x"])), {})[int(row["seed"])] = r
     return cells or None
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from feather_sparse.bench.experiments import EXPERIMENTS, Experiment
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, record_session, write_page
-from feather_sparse.bench.runner import ProgressFn, RunOutcome, RunSpec, execute_runs
+from feather_sparse.bench.runner import ProgressFn, RunOutcome, RunSpec, StopFn, execute_runs
 
 __all__ = ["ExperimentResult", "plan_experiments", "run_experiment", "train_experiments"]
 
@@ -40,10 +40,24 @@ def train_experiments(
     pool is then reported by them, not trained again (see :func:`execute_runs`).
     """
     specs = plan_experiments(names, opts)
-    _, trained, elapsed = execute_runs(opts, specs, on_progress, attempted)
+    experiments = [EXPERIMENTS.get(n).name for n in names]
+    _, trained, elapsed = execute_runs(
+        opts, specs, on_progress, attempted, _log_stopped(opts.out, experiments)
+    )
     if trained:
-        record_session(opts.out, [EXPERIMENTS.get(n).name for n in names], trained, elapsed)
+        record_session(opts.out, experiments, trained, elapsed)
     return trained, elapsed
+
+
+def _log_stopped(out: Path, experiments: Sequence[str]) -> StopFn:
+    """What :func:`execute_runs` calls when its training stops on an exception:
+    the session goes into ``OUT/sweep.jsonl`` marked interrupted, with the runs
+    it finished, so that the folder's wall-time account keeps the time spent."""
+
+    def log(trained: int, seconds: float, err: BaseException) -> None:
+        record_session(out, experiments, trained, seconds, stopped_by=err)
+
+    return log
 
 
 @dataclass(frozen=True)
@@ -55,10 +69,12 @@ class ExperimentResult:
         page: the Markdown results page.
         figures: the PNG plots.
         runs: distinct runs in the experiment.
-        trained: runs trained by this call (the rest were reused).
+        trained: runs trained by this call.
         failed: runs that raised.
         wall_time: seconds this call took, training and summary.
         failures: the outcomes of the runs that raised.
+        pooled: runs trained just before by the pool of the same command
+            (``bench all``); the rest (``runs - trained - pooled``) were reused.
     """
 
     name: str
@@ -69,6 +85,7 @@ class ExperimentResult:
     failed: int
     wall_time: float
     failures: tuple[RunOutcome, ...] = ()
+    pooled: int = 0
 
 
 def run_experiment(
@@ -84,25 +101,37 @@ def run_experiment(
         name: a registered experiment name (``EXPERIMENTS.names()``) or an Experiment.
         opts: how to run it.
         on_progress: called after every finished run with ``(done, total, spec, outcome)``.
-        pool: ``(runs trained, seconds)`` of a pool that trained this
-            experiment's runs just before, with other experiments' (``bench
-            all``); the page then names that pool instead of "0 trained".
+        pool: ``(runs trained, seconds)`` of the pool that trained the runs
+            of several experiments just before (:func:`train_experiments`,
+            ``bench all``), given with the same ``attempted``: the page counts
+            its runs that the pool trained and names the pool.
         attempted: key -> outcome of the runs this command trained before
             (shared by its calls, and filled in by this one): they are taken
             as they are, so a run that failed earlier in the same command is
             reported, not trained again (see :func:`execute_runs`).
 
     Raises:
-        ValueError: for an unknown experiment, method, model or data set, or an
-            override of a field the experiment varies.
+        ValueError: for an unknown experiment, method, model or data set, an
+            override of a field the experiment varies, or a ``pool`` without
+            ``attempted`` (the page could not tell the pool's runs from reused ones).
     """
     experiment: Experiment = EXPERIMENTS.get(name)
+    if pool is not None and attempted is None:
+        raise ValueError(
+            "pool: pass the `attempted` dict that train_experiments filled too, so that the "
+            "page can tell the runs the pool trained from the ones reused from earlier results"
+        )
     started = time.perf_counter()
     opts = opts.for_experiment(experiment.name)
     specs = plan_experiments([experiment], opts)
-    pairs, trained, elapsed = execute_runs(opts, specs, on_progress, attempted)
+    before = set(attempted or ())  # the runs this command trained before this call
+    pairs, trained, elapsed = execute_runs(
+        opts, specs, on_progress, attempted, _log_stopped(opts.out, [experiment.name])
+    )
     if trained:
         record_session(opts.out, [experiment.name], trained, elapsed)
+    unique = {o.key: o for _, o in pairs}
+    pooled = len(before & set(unique)) if pool is not None else 0
     ctx = Context(
         name=experiment.name,
         opts=opts,
@@ -110,12 +139,12 @@ def run_experiment(
         executed=trained,
         elapsed=elapsed,
         workers=opts.worker_count(),
-        pool=pool if pool is not None and trained == 0 else None,
+        pool=pool,
+        pooled=pooled,
     )
     body, figures = experiment.summarize(ctx)
     title = f"{experiment.title} ({experiment.paper})"
     page = write_page(ctx, title, body)
-    unique = {o.key: o for _, o in pairs}
     failures = tuple(o for o in unique.values() if not o.ok)
     return ExperimentResult(
         name=experiment.name,
@@ -126,4 +155,5 @@ def run_experiment(
         failed=len(failures),
         wall_time=time.perf_counter() - started,
         failures=failures,
+        pooled=pooled,
     )

@@ -47,8 +47,9 @@ class BenchOptions:
             method, sparsity, θ, ...) may not be overridden.
         seeds: training seeds; each cell is run once per seed.
         sparsities: the sparsity columns; ``None`` for the experiment's default.
-        thetas: θ values of ``theta``/``theta-operator``/``stability``; ``None`` for default.
-        ps: p values of ``p``; ``None`` for the default.
+        thetas: θ values of ``theta``/``theta-operator``/``stability``/``nm``; ``None``
+            for default.
+        ps: p values of ``p`` and ``nm``; ``None`` for the default.
         ablation_pattern: the N:M pattern of ``nm``'s θ and p ablations;
             ``None`` for its default (2:4).
         methods: labels of ``compare``'s methods to run; ``None`` for all.
@@ -66,6 +67,12 @@ class BenchOptions:
         per_experiment: experiment name -> fields of these options that differ
             for that experiment (a suite's smaller ablation grids); see
             :meth:`for_experiment`.
+
+    Each experiment reads only the grid fields it has (``sparsities``,
+    ``thetas``, ``ps``, ``ablation_pattern``, ``methods``; see
+    ``Experiment.options``): ``nm`` has no sparsity columns, ``compare`` no θ
+    values. The command line refuses a grid flag that its experiment would
+    ignore, and ``bench all`` clears such a field per experiment.
     """
 
     recipe: str = DEFAULT_BENCH_RECIPE

@@ -254,6 +254,7 @@ class Context:
     elapsed: float
     workers: int
     pool: tuple[int, float] | None = None
+    pooled: int = 0
 
     @property
     def out(self) -> Path:
@@ -287,17 +288,8 @@ def _footer(ctx: Context) -> str:
         f"{cfg.get('optimizer')} lr {cfg.get('lr')}, weight decay {cfg.get('weight_decay')}, "
         f"gradient clipping {cfg.get('grad_clip') or 'none'}; "
         f"seeds {', '.join(map(str, ctx.opts.run_seeds))}",
-        f"- runs: {len(unique)} ({ctx.executed} trained by this command, "
-        f"{len(unique) - ctx.executed} reused from earlier results); summed run time "
-        f"{run_time / 60:.1f} min; this command's wall time {ctx.elapsed / 60:.1f} min",
+        _runs_line(ctx, len(unique), run_time),
     ]
-    if ctx.pool is not None:
-        trained, seconds = ctx.pool
-        lines[-1] = (
-            f"- runs: {len(unique)}, trained together with the other experiments' runs in one "
-            f"pool (`bench all`: {trained} runs trained in {seconds / 60:.1f} min of wall time); "
-            f"summed run time of this page's runs {run_time / 60:.1f} min"
-        )
     lines.append(_numerics_line(ok))
     if failed:
         lines.append(
@@ -308,15 +300,40 @@ def _footer(ctx: Context) -> str:
     if sessions:
         trained = sum(int(s.get("trained", 0)) for s in sessions)
         seconds = sum(float(s.get("seconds", 0.0)) for s in sessions)
+        stopped = sum(1 for s in sessions if s.get("interrupted"))
         lines.append(
             f"- sweep wall time: {seconds / 60:.1f} min in all, {trained} runs trained in "
-            f"{len(sessions)} session(s) that wrote to this folder (`{SWEEP_LOG}`)"
+            f"{len(sessions)} session(s)"
+            + (f" ({stopped} interrupted)" if stopped else "")
+            + f" that wrote to this folder (`{SWEEP_LOG}`)"
         )
     if ctx.opts.suite is not None:
         lines.append(f"- suite `{ctx.opts.suite}`: {SUITES.get(ctx.opts.suite).rule}")
     if ctx.opts.quick:
         lines.append("- **--quick smoke run**: too short to mean anything; only checks the code")
     return "\n".join(lines) + "\n"
+
+
+def _runs_line(ctx: Context, runs: int, run_time: float) -> str:
+    """How many of the page's runs this command trained (alone or in a pool) and reused."""
+    trained = ctx.executed + ctx.pooled
+    line = (
+        f"- runs: {runs} ({trained} trained by this command, {runs - trained} reused from "
+        "earlier results)"
+    )
+    if ctx.pool is not None and ctx.pooled:
+        pool_runs, seconds = ctx.pool
+        return (
+            line + f"; {ctx.pooled} of them trained together with the other experiments' runs "
+            f"in one pool (`bench all`: {pool_runs} runs trained in {seconds / 60:.1f} min of "
+            f"wall time); summed run time of this page's runs {run_time / 60:.1f} min"
+        )
+    if ctx.pool is not None and not ctx.executed:  # bench all, and it trained none of them
+        return line + f"; summed run time {run_time / 60:.1f} min"
+    return (
+        line + f"; summed run time {run_time / 60:.1f} min; this command's wall time "
+        f"{ctx.elapsed / 60:.1f} min"
+    )
 
 
 def _numerics_line(outcomes: Sequence[RunOutcome]) -> str:
@@ -389,15 +406,35 @@ def _rebuild_command(name: str, opts: BenchOptions) -> str:
     return shlex.join(args)
 
 
-def record_session(out: Path, experiments: Sequence[str], trained: int, seconds: float) -> None:
-    """Append one training session (runs trained, wall time) to ``OUT/sweep.jsonl``."""
+def record_session(
+    out: Path,
+    experiments: Sequence[str],
+    trained: int,
+    seconds: float,
+    stopped_by: BaseException | None = None,
+) -> None:
+    """Append one training session (runs trained, wall time) to ``OUT/sweep.jsonl``.
+
+    Args:
+        out: the results folder.
+        experiments: the experiments whose runs the session trained.
+        trained: runs it finished.
+        seconds: its wall time.
+        stopped_by: the exception that stopped it before it finished its runs
+            (Ctrl-C is ``KeyboardInterrupt``); the entry then has
+            ``"interrupted": true`` and ``"error"`` (its type and first line).
+    """
     out.mkdir(parents=True, exist_ok=True)
-    entry = {
+    entry: dict[str, Any] = {
         "experiments": list(experiments),
         "trained": trained,
         "seconds": round(seconds, 1),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if stopped_by is not None:
+        message = str(stopped_by).strip().splitlines()
+        entry["interrupted"] = True
+        entry["error"] = type(stopped_by).__name__ + (f": {message[0]}" if message else "")
     with (out / SWEEP_LOG).open("a") as f:
         f.write(json.dumps(entry) + "\n")
 

@@ -48,6 +48,7 @@ __all__ = [
     "RunOutcome",
     "RunPlan",
     "RunSpec",
+    "StopFn",
     "check_data",
     "execute_runs",
     "jsonable",
@@ -569,6 +570,8 @@ def _warn_foreign(stored: Iterable[RunOutcome]) -> None:
 
 # ======================================================================= pool
 ProgressFn = Callable[[int, int, RunSpec, RunOutcome], None]
+#: Called as ``(runs trained, seconds, exception)`` when training stops on an exception.
+StopFn = Callable[[int, float, BaseException], None]
 
 
 def execute_runs(
@@ -576,12 +579,18 @@ def execute_runs(
     specs: Sequence[RunSpec],
     on_progress: ProgressFn | None = None,
     attempted: MutableMapping[str, RunOutcome] | None = None,
+    on_stop: StopFn | None = None,
 ) -> tuple[list[tuple[RunSpec, RunOutcome]], int, float]:
     """Run every spec that has no result yet; return ``(pairs, runs trained here, seconds)``.
 
     ``attempted``, shared by the calls of one command (``bench all``: the pool,
     then each experiment), collects the outcome of every run trained here: a
     later call takes them as they are instead of training a failed run again.
+
+    When training stops on an exception (Ctrl-C, a worker that died, a full
+    disk), ``on_stop`` is called with the runs finished so far and the seconds
+    spent, and the exception goes on (the driver logs the session in
+    ``OUT/sweep.jsonl`` that way); a failing ``on_stop`` is logged, not raised.
 
     Runs execute in ``opts.worker_count()`` spawned processes (in this process
     when that is 1). Identical configs are trained once. Before the first run,
@@ -623,20 +632,30 @@ def execute_runs(
     if total:
         root.mkdir(parents=True, exist_ok=True)
     reuse = not opts.force  # a result another sweep stored meanwhile
-    if workers <= 1:
-        for key, cfg in todo.items():
-            finished(_execute(cfg, str(root / key), reuse))
-    elif total:
-        context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
-        with futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            pending = [pool.submit(_execute, cfg, str(root / k), reuse) for k, cfg in todo.items()]
+    try:
+        if workers <= 1:
+            for key, cfg in todo.items():
+                finished(_execute(cfg, str(root / key), reuse))
+        elif total:
+            context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
+            with futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+                pending = [
+                    pool.submit(_execute, cfg, str(root / k), reuse) for k, cfg in todo.items()
+                ]
+                try:
+                    for fut in futures.as_completed(pending):
+                        finished(fut.result())
+                except BaseException:
+                    # Ctrl-C: start no queued run (leaving the pool would wait for them);
+                    # the finished ones are stored, and the next call continues from there.
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
+    except BaseException as err:
+        if on_stop is not None and total:
             try:
-                for fut in futures.as_completed(pending):
-                    finished(fut.result())
-            except BaseException:
-                # Ctrl-C: start no queued run (leaving the pool would wait for them);
-                # the finished ones are stored, and the next call continues from there.
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
+                on_stop(trained, time.perf_counter() - started, err)
+            except Exception as log_err:  # the stop itself is what the caller must see
+                logger.warning("could not log the stopped session: %s", log_err)
+        raise
     elapsed = time.perf_counter() - started
     return [(s, outcomes[k]) for s, k in zip(specs, keys)], trained, elapsed

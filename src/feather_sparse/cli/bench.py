@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from feather_sparse.bench import (
 )
 from feather_sparse.bench.claims import write_claims
 from feather_sparse.bench.driver import plan_experiments, train_experiments
+from feather_sparse.bench.experiments.base import GRID_OPTIONS
 from feather_sparse.bench.experiments.compare import COMPARE_METHODS
+from feather_sparse.bench.experiments.nm import NM_METHODS
 from feather_sparse.bench.runner import TRACEBACK_FILE, check_data, plan_runs
 from feather_sparse.bench.suites import SUITES
 from feather_sparse.recipes import list_recipes, parse_override
@@ -30,20 +33,38 @@ __all__ = ["add_arguments", "options_from_args", "run"]
 
 def _floats(text: str) -> tuple[float, ...]:
     try:
-        return tuple(float(v) for v in text.split(",") if v.strip())
+        values = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected numbers separated by commas, got {text!r}"
         ) from None
+    if not values:  # an empty list would mean the default grid: say so instead
+        raise argparse.ArgumentTypeError(
+            "expected at least one number; leave the flag out for the default"
+        )
+    return values
 
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected integers separated by commas, got {text!r}"
         ) from None
+    if not values:
+        raise argparse.ArgumentTypeError(
+            "expected at least one integer; leave the flag out for the default"
+        )
+    return values
+
+
+def _takers(field: str) -> str:
+    """The experiments that take grid option ``field``, for ``--help``."""
+    names = EXPERIMENTS.names()
+    takers = [n for n in names if field in EXPERIMENTS.get(n).options]
+    others = [n for n in names if n not in takers]
+    return ", ".join(takers) if len(takers) <= len(others) else f"all but {', '.join(others)}"
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
@@ -76,7 +97,11 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         help="|".join(names) + "|all, or claims: where the paper's claims stand on the "
         "stored results in --out (trains nothing)",
     )
-    parser.add_argument("--quick", action="store_true", help="CI-sized smoke run")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI-sized smoke run: 2 epochs, one seed, one sparsity (not with --suite)",
+    )
     parser.add_argument(
         "--suite",
         choices=SUITES.names(),
@@ -103,13 +128,23 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         metavar="FIELD=VALUE",
         help="any other recipe field for every run (repeatable)",
     )
-    grid = parser.add_argument_group("grid")
+    grid = parser.add_argument_group(
+        "grid (an experiment refuses a grid flag it has no use for; 'all' gives each its own)"
+    )
     grid.add_argument("--seeds", type=_ints, default=None, help="seeds [0,1,2]")
     grid.add_argument(
-        "--sparsities", type=_floats, default=None, help="sparsity columns [0.9,0.95,0.98,0.99]"
+        "--sparsities",
+        type=_floats,
+        default=None,
+        help=f"sparsity columns [0.9,0.95,0.98,0.99] ({_takers('sparsities')})",
     )
-    grid.add_argument("--thetas", type=_floats, default=None, help="θ values (theta experiments)")
-    grid.add_argument("--ps", type=_floats, default=None, help="p values (p experiment)")
+    grid.add_argument(
+        "--thetas",
+        type=_floats,
+        default=None,
+        help=f"θ values ({_takers('thetas')})",
+    )
+    grid.add_argument("--ps", type=_floats, default=None, help=f"p values ({_takers('ps')})")
     grid.add_argument(
         "--ablation-pattern",
         default=None,
@@ -118,7 +153,8 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     grid.add_argument(
         "--methods",
         default=None,
-        help=f"compare only these (comma-separated): {','.join(COMPARE_METHODS)}",
+        help=f"run only these (comma-separated): compare's {','.join(COMPARE_METHODS)}; "
+        f"nm's {','.join(NM_METHODS)}",
     )
     run = parser.add_argument_group("running")
     run.add_argument(
@@ -135,8 +171,144 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     run.add_argument("--force", action="store_true", help="re-run runs that have results")
 
 
+#: The flags ``bench claims`` reads (it trains nothing: it would ignore every other one).
+_CLAIMS_FLAGS = ("suite", "out", "runs_dir")
+#: Parsed arguments that are not ``bench`` flags (the command, the log level).
+_NOT_FLAGS = ("experiment", "command", "verbose", "command_verbose")
+#: What each grid option sets, for the messages.
+_GRID_NOUNS = {
+    "sparsities": "sparsity columns",
+    "thetas": "θ values to set",
+    "ps": "p values to set",
+    "ablation_pattern": "N:M ablations",
+    "methods": "methods to choose from",
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    """The flags of ``names`` that the command line gives (not left at their defaults)."""
+    return [n for n in names if getattr(args, n, None) not in (None, False, [])]
+
+
+def _grid_given(args: argparse.Namespace) -> dict[str, Any]:
+    """The grid options the command line gives, as :class:`BenchOptions` values."""
+    given: dict[str, Any] = {n: getattr(args, n) for n in _given(args, list(GRID_OPTIONS))}
+    if "methods" in given:
+        given["methods"] = tuple(m.strip() for m in given["methods"].split(",") if m.strip())
+        if not given["methods"]:  # an empty list would mean every method
+            raise ValueError("--methods: give at least one method; leave it out for all")
+    return given
+
+
+def _refuse_ignored(args: argparse.Namespace) -> None:
+    """Refuse the flags that the command would accept and then ignore (grid flags aside)."""
+    if args.experiment == "claims":
+        flags = [n for n in vars(args) if n not in _CLAIMS_FLAGS + _NOT_FLAGS]
+        ignored = _given(args, flags)
+        if ignored:
+            raise ValueError(
+                f"{', '.join(map(_flag, ignored))}: `bench claims` reads the stored results "
+                "and trains nothing, so it would ignore "
+                + ("them" if len(ignored) > 1 else "it")
+                + "; give only --suite, --out and --runs-dir (the folders to read)"
+            )
+        return
+    if args.quick and args.suite is not None:
+        suite = SUITES.get(args.suite)
+        raise ValueError(
+            f"--quick with --suite {suite.name}: a suite is a fixed sweep (its recipe, seeds, "
+            f"sparsities and folder {suite.fields.get('out', 'results')}) that --quick would "
+            "cut to a smoke run whose pages replace the suite's; drop --quick, or drop "
+            "--suite for a smoke run"
+            + (
+                f" (of the suite's recipe: --quick --recipe {suite.fields['recipe']})"
+                if "recipe" in suite.fields
+                else ""
+            )
+        )
+    if args.quick and args.seeds is not None and len(args.seeds) > 1:
+        raise ValueError(
+            f"--quick runs one seed, and --seeds gives {len(args.seeds)} "
+            f"({','.join(map(str, args.seeds))}): give one seed, or drop --quick for a full run"
+        )
+
+
+def _grid_fit(
+    names: Sequence[str], given: Mapping[str, Any], command: str
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Which grid options each experiment of the command takes: ``(changes, notes)``.
+
+    A given grid option that none of ``names`` takes is refused. With several
+    experiments (``bench all``), an option that only some take is cleared for
+    the others (``changes``: per-experiment fields, so that each page's command
+    is the one that made it) and named in a note; ``--methods`` goes to each
+    experiment as the methods of its own that it names.
+
+    Raises:
+        ValueError: for a grid option that no experiment of the command takes,
+            or ``--methods`` naming an unknown method or none of an experiment's.
+    """
+    experiments = [EXPERIMENTS.get(n) for n in names]
+    changes: dict[str, dict[str, Any]] = {}
+    notes = []
+    for field in given:
+        flag, noun = GRID_OPTIONS[field], _GRID_NOUNS[field]
+        takers = [e.name for e in experiments if field in e.options]
+        others = [e for e in experiments if field not in e.options]
+        if not takers:
+            elsewhere = [e for e in EXPERIMENTS.names() if field in EXPERIMENTS.get(e).options]
+            if len(experiments) == 1:
+                (only,) = experiments
+                why = only.why_not.get(field)
+                what = f"experiment {only.name} has no {noun}" + (f" ({why})" if why else "")
+            else:
+                what = f"none of the experiments of `{command}` ({', '.join(names)}) has {noun}"
+            raise ValueError(
+                f"{flag}: {what}, so it would ignore {flag}; drop it, or run an experiment "
+                f"that takes it: {', '.join(elsewhere)}"
+            )
+        if not others:
+            continue
+        notes.append(
+            f"note: {flag} applies to {', '.join(takers)} only "
+            f"({', '.join(e.name for e in others)}: no {noun})"
+        )
+        for e in others:
+            changes.setdefault(e.name, {})[field] = None
+    if "methods" in given and len(experiments) > 1:
+        takers_of = [e for e in experiments if "methods" in e.options]
+        named = given["methods"]
+        unknown = [m for m in named if not any(m in e.methods for e in takers_of)]
+        if unknown:
+            raise ValueError(
+                f"--methods {', '.join(unknown)}: not a method of "
+                + " or ".join(f"{e.name} ({', '.join(e.methods)})" for e in takers_of)
+            )
+        for e in takers_of:
+            mine = tuple(m for m in named if m in e.methods)
+            if not mine:
+                raise ValueError(
+                    f"--methods {','.join(named)} names none of {e.name}'s methods "
+                    f"({', '.join(e.methods)}), and `{command}` runs {e.name} too: add some "
+                    "of them, or run the experiments one at a time "
+                    "(`bench EXPERIMENT --methods ...`)"
+                )
+            changes.setdefault(e.name, {})["methods"] = mine
+    return changes, notes
+
+
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
-    """The :class:`BenchOptions` of a parsed ``bench`` command line."""
+    """The :class:`BenchOptions` of a parsed ``bench`` command line.
+
+    Raises:
+        ValueError: for a flag that the command would accept and then ignore
+            (see :func:`_refuse_ignored` and :func:`_grid_fit`), or a bad value.
+    """
+    _refuse_ignored(args)
     overrides: dict[str, Any] = {}
     for text in args.set:
         key, value = parse_override(text)
@@ -150,7 +322,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         value = getattr(args, key)
         if value is not None:
             overrides[key] = value
-    methods = tuple(m.strip() for m in args.methods.split(",")) if args.methods else None
+    grid = _grid_given(args)
     # The flags given: they override a suite's values, and the defaults apply to the rest.
     given: dict[str, Any] = {
         "recipe": recipe,
@@ -173,16 +345,26 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
                 for e in map(EXPERIMENTS.get, EXPERIMENTS.names())
                 if e.seeds is not None
             }
+    if args.experiment != "claims":
+        changes, _ = _grid_fit(_experiment_names(args), grid, _command_name(args))
+        per_experiment = {k: dict(v) for k, v in fields.get("per_experiment", {}).items()}
+        for name, values in changes.items():
+            per_experiment.setdefault(name, {}).update(values)
+        fields["per_experiment"] = per_experiment
     return BenchOptions(
         overrides=overrides,
         thetas=args.thetas,
         ps=args.ps,
         ablation_pattern=args.ablation_pattern,
-        methods=methods,
+        methods=grid.get("methods"),
         quick=args.quick,
         force=args.force,
         **fields,
     )
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    return f"bench {args.experiment}" + (f" --suite {args.suite}" if args.suite else "")
 
 
 def _experiment_names(args: argparse.Namespace) -> list[str]:
@@ -245,6 +427,8 @@ def run(command: str, args: argparse.Namespace) -> int:
         print(f"claims -> {page}")
         return 0
     names = _experiment_names(args)
+    for note in _grid_fit(names, _grid_given(args), _command_name(args))[1]:
+        print(note, file=sys.stderr)
     try:
         return _run(names, opts)
     except KeyboardInterrupt:
@@ -264,16 +448,20 @@ def _run(names: list[str], opts: BenchOptions) -> int:
     # reported, not trained again; the next command retries it).
     attempted: dict[str, RunOutcome] = {}
     if len(names) > 1:
-        trained, elapsed = train_experiments(names, opts, _progress, attempted)
-        print(f"all: {trained} runs trained in {elapsed / 60:.1f} min")
-        pool = (trained, elapsed) if trained else None
+        pool = train_experiments(names, opts, _progress, attempted)
+        trained, elapsed = pool
+        print(
+            f"all: {trained} runs trained in one pool in {elapsed / 60:.1f} min"
+            if trained
+            else "all: nothing to train, every run was stored already"
+        )
     failures: dict[str, RunOutcome] = {}
     for name in names:
         result = run_experiment(name, opts, _progress, pool, attempted)
         failures.update((o.key, o) for o in result.failures)
         print(
-            f"{name}: {result.runs} runs ({result.trained} trained, {result.failed} failed) in "
-            f"{result.wall_time / 60:.1f} min -> {result.page}"
+            f"{name}: {result.runs} runs ({result.trained + result.pooled} trained, "
+            f"{result.failed} failed) in {result.wall_time / 60:.1f} min -> {result.page}"
         )
     for key, outcome in failures.items():
         print(

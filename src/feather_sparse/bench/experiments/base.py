@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from feather_sparse.plots import plot_curves
 
 __all__ = [
     "DENSE",
+    "GRID_OPTIONS",
     "PAPER_SPARSITIES",
     "PAPER_THETAS",
     "Experiment",
@@ -26,6 +27,16 @@ PAPER_SPARSITIES = (0.9, 0.95, 0.98, 0.99)
 PAPER_THETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: The group of the dense model's runs.
 DENSE = "dense"
+#: The grid fields of :class:`BenchOptions` -> their command-line flags. Each
+#: experiment reads only some of them (:attr:`Experiment.options`); the command
+#: line refuses a flag that the experiment would ignore.
+GRID_OPTIONS = {
+    "sparsities": "--sparsities",
+    "thetas": "--thetas",
+    "ps": "--ps",
+    "ablation_pattern": "--ablation-pattern",
+    "methods": "--methods",
+}
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,11 @@ class Experiment:
         summarize: ``context -> (Markdown body, figures written)``.
         seeds: the seeds it runs unless the command names others (``None``:
             the bench default); the command line passes them on.
+        options: the grid fields of :class:`BenchOptions` its plan reads (keys
+            of :data:`GRID_OPTIONS`); it ignores the others.
+        methods: the labels ``--methods`` may name (with ``"methods"`` in ``options``).
+        why_not: why it has none of the other grid options, per field, for the
+            command line's error (e.g. ``nm``: no sparsity columns).
     """
 
     name: str
@@ -48,6 +64,17 @@ class Experiment:
     plan: Callable[[BenchOptions], list[RunSpec]]
     summarize: Callable[[Context], tuple[str, list[Path]]]
     seeds: tuple[int, ...] | None = None
+    options: frozenset[str] = frozenset({"sparsities"})
+    methods: tuple[str, ...] = ()
+    why_not: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(self.options - set(GRID_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"experiment {self.name}: options {', '.join(unknown)} are not grid options; "
+                f"choose from: {', '.join(GRID_OPTIONS)}"
+            )
 
 
 # ====================================================================== plans

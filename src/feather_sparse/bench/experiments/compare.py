@@ -75,4 +75,12 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
     return body, [fig]
 
 
-EXPERIMENT = Experiment("compare", "Comparison with the baselines", "Table 1", plan, summarize)
+EXPERIMENT = Experiment(
+    "compare",
+    "Comparison with the baselines",
+    "Table 1",
+    plan,
+    summarize,
+    options=frozenset({"sparsities", "methods"}),
+    methods=tuple(COMPARE_METHODS),
+)

@@ -17,7 +17,8 @@ fraction of the pruned layers' mask that changed from one epoch to the next
 training, as S-STE (Hu et al. 2024) uses it to diagnose a hard threshold.
 ``--set model=NAME`` (or ``--model``) runs one model instead of both;
 ``--methods``, ``--thetas`` and ``--ps`` narrow the grid; ``--quick`` runs
-2:4 on the mixer only.
+2:4 on the mixer only. It has no sparsity columns (the patterns set the
+sparsity), so the command line refuses ``--sparsities`` for it.
 """
 
 from __future__ import annotations
@@ -283,4 +284,12 @@ EXPERIMENT = Experiment(
     plan,
     summarize,
     seeds=NM_SEEDS,
+    options=frozenset({"thetas", "ps", "ablation_pattern", "methods"}),
+    methods=NM_METHODS,
+    why_not={
+        "sparsities": (
+            f"its N:M patterns {', '.join(NM_PATTERNS)} set the sparsity; "
+            "--methods, --thetas, --ps and --ablation-pattern narrow its grid"
+        )
+    },
 )

@@ -47,4 +47,11 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
     return body, [fig]
 
 
-EXPERIMENT = Experiment("operator", "Thresholding operator", "Fig. 2", plan, summarize)
+EXPERIMENT = Experiment(
+    "operator",
+    "Thresholding operator",
+    "Fig. 2",
+    plan,
+    summarize,
+    why_not={"thetas": "every operator trains with θ = 1, the plain STE"},
+)

@@ -59,4 +59,12 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
     return body, [fig, family]
 
 
-EXPERIMENT = Experiment("p", "The operator's power p", "appendix, Fig. 1b", plan, summarize)
+EXPERIMENT = Experiment(
+    "p",
+    "The operator's power p",
+    "appendix, Fig. 1b",
+    plan,
+    summarize,
+    options=frozenset({"sparsities", "ps"}),
+    why_not={"thetas": "θ is automatic (the paper's rule), as in Feather's default"},
+)

@@ -64,4 +64,11 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
     return body, [fig]
 
 
-EXPERIMENT = Experiment("theta", "Gradient scaling θ", "Fig. 3", plan, summarize)
+EXPERIMENT = Experiment(
+    "theta",
+    "Gradient scaling θ",
+    "Fig. 3",
+    plan,
+    summarize,
+    options=frozenset({"sparsities", "thetas"}),
+)

@@ -67,5 +67,10 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
 
 
 EXPERIMENT = Experiment(
-    "theta-operator", "Gradient scaling under each operator", "Fig. 4", plan, summarize
+    "theta-operator",
+    "Gradient scaling under each operator",
+    "Fig. 4",
+    plan,
+    summarize,
+    options=frozenset({"sparsities", "thetas"}),
 )
