@@ -126,3 +126,40 @@ def test_settings_are_checked_when_the_driver_is_made(
     settings = {k: v for k, v in kwargs.items() if k not in flags}
     with pytest.raises(ValueError, match=message):
         PrunerDriver("cb", sparsity, settings, **flags)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backbone", ["asl+", {"name": "asl+", "lam": 1.0}])
+def test_a_trainable_backbone_is_refused_when_the_driver_is_made(backbone: object) -> None:
+    with pytest.raises(ValueError, match=r"backbone 'asl\+' has trainable parameters.*cb cannot"):
+        PrunerDriver("cb", 0.5, {"backbone": backbone})
+
+
+def test_a_backbone_object_is_probed_without_being_touched() -> None:
+    from feather_sparse.backbones import ASLPlusBackbone, UniformBackbone
+
+    mine = ASLPlusBackbone()
+    with pytest.raises(ValueError, match="trainable parameters"):
+        PrunerDriver("cb", 0.5, {"backbone": mine})
+    assert mine.r == [] and not hasattr(mine, "targets")  # the probe set up a copy
+    uniform = UniformBackbone()
+    driver = PrunerDriver("cb", 0.5, {"backbone": uniform})
+    assert not hasattr(uniform, "targets")
+    assert driver.attach(mlp(), total_steps=2).backbone is uniform
+
+
+@pytest.mark.parametrize("finalize", [True, False])
+def test_the_pruner_answers_after_finish(finalize: bool) -> None:
+    model = mlp()
+    driver = PrunerDriver("cb", 0.5, {"schedule": "constant"}, finalize=finalize)
+    pruner = driver.attach(model, total_steps=2)
+    driver.step()
+    before = pruner.report()
+    driver.finish()
+    report = pruner.report()
+    assert report.sparsity == pytest.approx(before.sparsity, abs=1 / 64)
+    if finalize:
+        zeros = sum(int((m.weight == 0).sum()) for m in (model[0], model[2]))
+        assert report.sparsity == zeros / pruner.num_params == driver.final_sparsity
+    else:
+        assert report == before  # the state it detached in; the weights are dense again
+    assert driver.metrics() == {}  # nothing attached to log about

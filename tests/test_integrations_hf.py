@@ -305,6 +305,34 @@ def test_bad_settings_are_refused_when_the_callback_is_made() -> None:
         FeatherCallback(0.5, finalize="no")  # type: ignore[arg-type]
 
 
+def test_the_pruner_reports_the_finalized_model_after_training(runs: Runs) -> None:
+    model, feather, _, _ = runs.full
+    assert feather.pruner is not None
+    report = feather.pruner.report()  # the docs promise callback.pruner for its report
+    layers = dict(pruned_linears(model))
+    assert [row.name for row in report.layers] == list(layers)
+    for row in report.layers:
+        weight = layers[row.name].weight
+        assert row.sparsity == int((weight == 0).sum()) / weight.numel()
+        assert row.threshold > 0
+    assert report.sparsity == feather.pruner.sparsity_achieved() == feather.final_sparsity
+    assert report.step == OPTIMIZER_STEPS
+    assert len(feather.pruner.thresholds()) == len(layers)
+    with pytest.raises(RuntimeError, match=r"step\(\) is refused: this Pruner was finalized"):
+        feather.pruner.step()
+
+
+@guard(
+    "HF: `FeatherCallback(sparsity=0.9, backbone='asl+')` (a backbone with trainable parameters)",
+    "`ValueError` when the callback is made, not when training starts",
+)
+def test_a_trainable_backbone_is_refused_when_the_callback_is_made() -> None:
+    with pytest.raises(
+        ValueError, match=r"backbone 'asl\+' has trainable parameters.*FeatherCallback"
+    ):
+        FeatherCallback(0.9, backbone="asl+")
+
+
 def tiny_gpt2() -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=32)

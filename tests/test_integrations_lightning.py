@@ -206,6 +206,33 @@ def test_bad_values_are_refused_when_the_callback_is_made() -> None:
         FeatherCallback(0.5, log_layers="yes")  # type: ignore[arg-type]
 
 
+@guard(
+    "Lightning: `FeatherCallback(sparsity=0.9, backbone='asl+')` (trainable backbone parameters)",
+    "`ValueError` when the callback is made, not when training starts",
+)
+def test_a_trainable_backbone_is_refused_when_the_callback_is_made() -> None:
+    with pytest.raises(
+        ValueError, match=r"backbone 'asl\+' has trainable parameters.*FeatherCallback"
+    ):
+        FeatherCallback(0.9, backbone="asl+")
+
+
+def test_the_pruner_reports_the_finalized_module_after_training(runs: Runs) -> None:
+    run = runs.full
+    assert run.callback.pruner is not None
+    report = run.callback.pruner.report()  # the docs promise callback.pruner for its report
+    layers = {"body.0": run.module.body[0], "body.2": run.module.body[2]}
+    assert [row.name for row in report.layers] == list(layers)
+    for row in report.layers:
+        weight = layers[row.name].weight
+        assert row.sparsity == int((weight == 0).sum()) / weight.numel()
+        assert row.threshold > 0
+    assert report.sparsity == run.callback.pruner.sparsity_achieved()
+    assert report.sparsity == run.callback.final_sparsity
+    with pytest.raises(RuntimeError, match=r"step\(\) is refused: this Pruner was finalized"):
+        run.callback.pruner.step()
+
+
 def bare_trainer(callbacks: list[Any]) -> Any:
     return pl.Trainer(
         max_epochs=EPOCHS,

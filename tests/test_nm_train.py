@@ -56,7 +56,7 @@ def test_pattern_errors_name_the_problem() -> None:
         small_config(pattern="2/4")
     with pytest.raises(ValueError, match=r"method 'sr-ste' trains an N:M pattern.*--pattern 2:4"):
         pruner_config(small_config(method="sr-ste"))
-    with pytest.raises(ValueError, match="method .gmp. has no N:M form"):
+    with pytest.raises(ValueError, match=r"method .gmp. has no N:M form"):
         pruner_config(small_config(pattern="2:4", method="gmp"))
     for backbone in ("global", "uniform"):  # named explicitly: refused, not silently replaced
         with pytest.raises(ValueError, match=rf"backbone '{backbone}' cannot be combined"):

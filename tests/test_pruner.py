@@ -265,7 +265,7 @@ def test_remove_restores_dense_weights() -> None:
     after = model.state_dict()
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    with pytest.raises(RuntimeError, match="finalized or removed"):
+    with pytest.raises(RuntimeError, match=r"step\(\) is refused: this Pruner was removed"):
         pruner.step()
 
 

@@ -31,7 +31,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -47,7 +47,13 @@ from feather_sparse.backbones import (
 )
 from feather_sparse.nm import NMBackbone, NMPattern
 from feather_sparse.nm.operator import is_transposed_linear
-from feather_sparse.ops import Operator, OutputCache, ThresholdOperator, compute_dtype
+from feather_sparse.ops import (
+    OPERATORS,
+    Operator,
+    OutputCache,
+    ThresholdOperator,
+    compute_dtype,
+)
 from feather_sparse.pruner_config import DEFAULT_INCLUDE, FORMAT_VERSION, PrunerConfig, auto_theta
 from feather_sparse.rules import check_sparsity
 from feather_sparse.schedules import Schedule
@@ -165,6 +171,22 @@ class PrunerReport:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class _Ended:
+    """What a Pruner leaves queryable after :meth:`Pruner.finalize` or :meth:`Pruner.remove`.
+
+    ``thresholds`` are copies of the 0-d thresholds in effect then (for
+    ``finalize``, the ones baked in); ``shown`` the report's threshold per layer
+    and ``zeros`` its pruned weights per layer (for ``finalize``, the baked
+    weights' exact zeros), or None where they could not be measured.
+    """
+
+    how: Literal["finalized", "removed"]
+    thresholds: tuple[Tensor, ...]
+    shown: tuple[float, ...] | None
+    zeros: tuple[int, ...] | None
+
+
 def _matches(name: str, patterns: Iterable[str], children: bool) -> bool:
     """Whether ``name`` is one of ``patterns`` (a name, or ``"re:<regex>"`` matched in full).
 
@@ -238,7 +260,7 @@ def _find_targets(
     # The default also takes the (in, out)-stored Linear of Hugging Face's GPT-2 family.
     default = tuple(include) == DEFAULT_INCLUDE
     modules = dict(model.named_modules())
-    _check_names_exist(modules, names, "include", children=False)
+    _check_names_exist(modules, names, "include", children=False, types=True)
     _check_names_exist(modules, exclude, "exclude", children=True)
     targets = []
     for name, module in modules.items():
@@ -260,9 +282,17 @@ def _find_targets(
 
 
 def _check_names_exist(
-    modules: dict[str, nn.Module], patterns: Sequence[str], what: str, children: bool
+    modules: dict[str, nn.Module],
+    patterns: Sequence[str],
+    what: str,
+    children: bool,
+    types: bool = False,
 ) -> None:
-    """Raise for a plain name in ``patterns`` that matches no module (see :func:`_matches`)."""
+    """Raise for a plain name in ``patterns`` that matches no module (see :func:`_matches`).
+
+    With ``types`` (``include``, which also takes layer classes), a name that is
+    the name of a layer class (``"Linear"``) gets the fix: pass the class.
+    """
     missing = [
         pat
         for pat in patterns
@@ -273,14 +303,47 @@ def _check_names_exist(
     if not missing:
         return
     hints = []
+    classes: list[str] = []
     for pat in missing:
+        layer_type = _layer_type(pat, modules.values()) if types else None
+        if layer_type is not None:
+            classes.append(layer_type)
+            hints.append(f"{pat!r} (a layer type, not a module name)")
+            continue
         close = difflib.get_close_matches(pat, [n for n in modules if n], n=3)
         guess = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
         hints.append(f"{pat!r}{guess}")
-    raise ValueError(
-        f"{what} names no module of the model: {', '.join(hints)}; give names as "
-        "model.named_modules() lists them, or a 're:' pattern where matching nothing is fine"
-    )
+    fixes = []
+    if classes:
+        fixes.append(
+            f"a string in {what} is a module name; for a layer type pass the class, "
+            f"e.g. include=[{', '.join(classes)}]"
+        )
+    if len(classes) < len(missing):
+        fixes.append(
+            "give names as model.named_modules() lists them, or a 're:' pattern where "
+            "matching nothing is fine"
+        )
+    raise ValueError(f"{what} names no module of the model: {', '.join(hints)}; {'; '.join(fixes)}")
+
+
+def _layer_type(name: str, modules: Iterable[nn.Module]) -> str | None:
+    """How to write the layer class called ``name`` (``"nn.Linear"``), if ``name`` is the
+    name of a ``torch.nn`` layer class or of the class of one of ``modules``; else None."""
+    cls = getattr(nn, name, None)
+    if isinstance(cls, type) and issubclass(cls, nn.Module):
+        return _type_name(cls)
+    for module in modules:
+        if type(module).__name__ == name:
+            return _type_name(type(module))
+    return None
+
+
+def _type_name(cls: type) -> str:
+    """A layer class as code names it: ``nn.Linear`` for ``torch.nn``'s, else its module path."""
+    if getattr(nn, cls.__name__, None) is cls:
+        return f"nn.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _tied(
@@ -510,6 +573,7 @@ class Pruner:
         self.tied = tied
         self._step = 0
         self._finished = False
+        self._ended: _Ended | None = None  # set by finalize() or remove()
         self._warned_collapse: set[str] = set()
         _check_backbone_free(self.backbone)
         if isinstance(self.backbone, NMBackbone):  # what its forward zeroes depends on p
@@ -544,9 +608,11 @@ class Pruner:
         distributed.reconnect_ddp(ddp_indices, [t.weight for t in targets])
         self._current = self.scheduled_sparsity(0)
         logger.info(
-            "Feather pruner attached to %d tensors (%s weights), target sparsity %.4g, theta %.3g",
+            "%s attached to %d tensors (%s weights)%s, target sparsity %.4g, theta %.3g",
+            _method_label(self.operator),
             len(targets),
             f"{self.num_params:,}",
+            _backbone_label(self.backbone),
             self.sparsity,
             self.theta,
         )
@@ -588,8 +654,17 @@ class Pruner:
         return p
 
     def thresholds(self) -> list[Tensor]:
-        """The current 0-d threshold of each prunable tensor (the live buffers)."""
-        self._check_attached()
+        """The current 0-d threshold of each prunable tensor (the live buffers).
+
+        After :meth:`finalize`, copies of the thresholds that were baked in;
+        after :meth:`remove`, copies of those in effect when it was removed.
+        """
+        if self._ended is not None:
+            return [t.clone() for t in self._ended.thresholds]
+        return self._buffers()
+
+    def _buffers(self) -> list[Tensor]:
+        """The live threshold buffers of the attached parametrizations."""
         # the buffers dictionary itself: nn.Module.__getattr__ costs microseconds per layer
         buffers: list[Any] = [self._parametrization(t)._buffers["threshold"] for t in self.targets]
         return buffers
@@ -611,6 +686,8 @@ class Pruner:
         return distributed.local_weights(self.weights(), self.process_group)
 
     def _layer_zeros(self) -> list[int]:
+        if self._ended is not None:
+            return list(self._recorded(self._ended.zeros))
         weights, group = self._local_weights()
         counts = torch.stack(
             [
@@ -621,22 +698,53 @@ class Pruner:
         distributed.all_reduce_sum(counts, group)
         return [int(c) for c in counts.tolist()]
 
+    def _shown_thresholds(self) -> list[float]:
+        """The threshold the report shows for each layer (the backbone's choice)."""
+        weights, _ = self._local_weights()
+        return [
+            self.backbone.report_threshold(i, w, th)
+            for i, (w, th) in enumerate(zip(weights, self._buffers()))
+        ]
+
+    def _recorded(self, values: tuple[Any, ...] | None) -> tuple[Any, ...]:
+        """A record of the final state (see :class:`_Ended`), or the error saying it is missing."""
+        if values is None:
+            raise RuntimeError(
+                "this Pruner was removed before it could measure its pruned weights, so it has "
+                "no report; thresholds() and config() still give its settings"
+            )
+        return values
+
     def sparsity_achieved(self) -> float:
-        """The fraction of prunable weights the forward currently zeroes."""
+        """The fraction of prunable weights the forward currently zeroes.
+
+        After :meth:`finalize`, the fraction of exact zeros it left in the
+        weights; after :meth:`remove`, what the forward zeroed just before (the
+        model's weights are dense again).
+        """
         return sum(self._layer_zeros()) / self.num_params
 
     def report(self) -> PrunerReport:
-        """Per-layer name, shape, params, threshold and sparsity; flags collapsed layers."""
+        """Per-layer name, shape, params, threshold and sparsity; flags collapsed layers.
+
+        After :meth:`finalize` it reports the baked model: each layer's exact
+        zeros as finalize left them and the thresholds baked in (scheduled
+        sparsity: the one finalized at). After :meth:`remove`, the state just
+        before it (the model's weights are dense again).
+        """
         zeros = self._layer_zeros()
+        if self._ended is None:
+            shown = self._shown_thresholds()
+        else:
+            shown = list(self._recorded(self._ended.shown))
         rows = []
-        weights, _ = self._local_weights()
-        for i, (t, w, th, z) in enumerate(zip(self.targets, weights, self.thresholds(), zeros)):
+        for t, z, threshold in zip(self.targets, zeros, shown):
             rows.append(
                 LayerReport(
                     name=t.name,
                     shape=t.shape,
                     params=t.numel,
-                    threshold=self.backbone.report_threshold(i, w, th),
+                    threshold=threshold,
                     sparsity=z / t.numel if t.numel else 0.0,  # an empty layer prunes nothing
                     collapsed=0 < t.numel == z,
                 )
@@ -751,7 +859,7 @@ class Pruner:
     @torch.no_grad()
     def _write_thresholds(self, thresholds: Sequence[Tensor]) -> None:
         # same device as the weight: no host round trip; one call for all buffers
-        buffers = self.thresholds()
+        buffers = self._buffers()
         if _FOREACH_COPY is not None:
             _FOREACH_COPY(buffers, list(thresholds))
             return
@@ -768,14 +876,14 @@ class Pruner:
             RuntimeError: if a weight is NaN or inf (naming the layer), or the
                 Pruner was finalized or removed.
         """
-        self._check_attached()
+        self._check_attached("step()")
         self._step += 1
         if self._step % self.update_every == 0:
             self.update()
 
     def update(self, sparsity: float | None = None) -> None:
         """Recompute the thresholds now, at ``sparsity`` (default: the schedule's)."""
-        self._check_attached()
+        self._check_attached("update()")
         s = self.scheduled_sparsity() if sparsity is None else check_sparsity(sparsity)
         self._write_thresholds(self._compute_thresholds(s))
         self._current = s
@@ -815,7 +923,7 @@ class Pruner:
             ValueError: for a ``sparsity`` outside [0, 1) (the model is left
                 as it was).
         """
-        self._check_attached()
+        self._check_attached("finalize()")
         distributed.check_unsharded(self.model, self.weights(), "finalize")
         target = self.sparsity if sparsity is None else check_sparsity(sparsity)
         if _overrides(self.backbone, "check_final"):  # what will be baked, while undoable
@@ -829,6 +937,9 @@ class Pruner:
                 raise
         else:
             self.update(target)
+        # The report's thresholds, while the dense weights they are measured on are there.
+        thresholds = tuple(t.detach().clone() for t in self._buffers())
+        shown = tuple(self._shown_thresholds())
         # A tied layer lets go of the shared weight first; its target then bakes
         # P_T(w) into that one tensor, in place, once.
         for alias, _ in self.tied:
@@ -849,6 +960,7 @@ class Pruner:
         weights, group = self._local_weights()
         counts = torch.stack([torch.count_nonzero(w == 0) for w in weights])
         distributed.all_reduce_sum(counts, group)
+        self._ended = _Ended("finalized", thresholds, shown, tuple(counts.tolist()))
         zeros = int(counts.sum())
         achieved = zeros / self.num_params
         expected = round(target * self.num_params)
@@ -870,19 +982,48 @@ class Pruner:
 
     @torch.no_grad()
     def remove(self) -> None:
-        """Detach without baking: the model gets its dense weights back."""
-        self._check_attached()
+        """Detach without baking: the model gets its dense weights back.
+
+        :meth:`report`, :meth:`sparsity_achieved` and :meth:`thresholds` then
+        describe the state just before (what the forward zeroed, the
+        thresholds in effect); the calls that change or save the pruning are
+        refused.
+        """
+        self._check_attached("remove()")
         distributed.check_unsharded(self.model, self.weights(), "remove")
+        thresholds = tuple(t.detach().clone() for t in self._buffers())
+        shown: tuple[float, ...] | None = None
+        zeros: tuple[int, ...] | None = None
+        try:  # a record for the queries; never in the way of giving the weights back
+            shown, zeros = tuple(self._shown_thresholds()), tuple(self._layer_zeros())
+        except Exception:  # e.g. a backbone left half-loaded by a refused state
+            logger.debug("remove: the pruned state could not be measured", exc_info=True)
         for t in self.parametrized_layers():
             parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
         self._finished = True
+        self._ended = _Ended("removed", thresholds, shown, zeros)
         self.backbone.release()
 
-    def _check_attached(self) -> None:
-        if self._finished:
-            raise RuntimeError(
-                "this Pruner was finalized or removed; create a new one to prune again"
-            )
+    def _check_attached(self, call: str, hint: str = "") -> None:
+        """Raise when the Pruner no longer drives the model: ``call`` changes or saves it.
+
+        Raises:
+            RuntimeError: naming ``call``, what finalize or remove did, what can
+                still be asked, and ``hint`` (what to do instead).
+        """
+        if self._ended is None:
+            return
+        if self._ended.how == "finalized":
+            what = "finalized (the pruned weights are baked into the model)"
+            still = "describe the baked model"
+        else:
+            what = "removed (the model holds its dense weights again)"
+            still = "describe the state it was removed in"
+        raise RuntimeError(
+            f"{call} is refused: this Pruner was {what} and prunes no more; report(), "
+            f"sparsity_achieved(), thresholds() and config() still {still}. "
+            + (hint or "To prune the model again, create a new Pruner on it")
+        )
 
     # ------------------------------------------------------------------ state
     @torch.no_grad()
@@ -897,8 +1038,15 @@ class Pruner:
                 whole plain tensor, ready to load into an unsharded model; this
                 is then a **collective**: call it on every rank. Values that are
                 not sharded (FSDP2 leaves buffers plain) come as they are.
+
+        Raises:
+            RuntimeError: after :meth:`finalize` (the model's own ``state_dict``
+                then holds the pruned weights) or :meth:`remove` (it holds the
+                dense ones).
         """
-        self._check_attached()
+        self._check_attached(
+            "dense_state_dict()", "The model's own state_dict() now holds its plain weights"
+        )
         # Every name of every parametrized module: state_dict lists a module
         # registered under two names twice (named_modules lists it once).
         layers = {id(t.module): t for t in self.parametrized_layers()}
@@ -950,8 +1098,16 @@ class Pruner:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Step, thresholds, backbone state and config: everything to resume identically."""
-        self._check_attached()
+        """Step, thresholds, backbone state and config: everything to resume identically.
+
+        Raises:
+            RuntimeError: after :meth:`finalize` or :meth:`remove`: there is no
+                training left to resume (save the state before them).
+        """
+        self._check_attached(
+            "state_dict()",
+            "To resume training later, save pruner.state_dict() before finalize() or remove()",
+        )
         return {
             "format": STATE_FORMAT,
             "format_version": FORMAT_VERSION,
@@ -983,7 +1139,7 @@ class Pruner:
             ValueError: if the state is not a Pruner state, or was saved with a
                 different configuration (the message names the field).
         """
-        self._check_attached()
+        self._check_attached("load_state_dict()")
         _check_state(state)  # the whole layout, before anything is applied
         saved, mine = state["config"], self.config()
         for key in self._MUST_MATCH:
@@ -1014,9 +1170,16 @@ class Pruner:
             state: what :meth:`state_dict` returned.
             **overrides: constructor arguments to use instead of the saved ones
                 (needed for a custom callable schedule, which cannot be saved).
+
+        Raises:
+            ValueError: for a state that is not a valid Pruner state, a ``model``
+                without the layers it was saved from (naming them), or a
+                configuration the state does not fit (see :meth:`load_state_dict`).
         """
         _check_state(state)
         cfg = state["config"]
+        if "include" not in overrides:
+            _check_saved_layers(model, cfg["targets"])
         op = cfg["operator"]
         kwargs: dict[str, Any] = {
             "sparsity": cfg["sparsity"],
@@ -1049,6 +1212,33 @@ class Pruner:
             f"operator={self.operator!r}, theta={self.theta}, backbone={self.backbone.name!r}, "
             f"tensors={len(self.targets)}, params={self.num_params:,})"
         )
+
+
+def _check_saved_layers(model: nn.Module, names: Sequence[str]) -> None:
+    """Raise unless ``model`` has every layer a Pruner state was saved with.
+
+    Raises:
+        ValueError: naming the saved layers and the ones ``model`` lacks.
+    """
+    modules = dict(model.named_modules())
+    missing = [name for name in names if name not in modules]
+    if not missing:
+        return
+
+    def listed(items: Sequence[str]) -> str:
+        shown = ", ".join(map(repr, items[:6]))
+        return shown + (f", ... ({len(items)} in all)" if len(items) > 6 else "")
+
+    lacks = (
+        "the model given has none of them"
+        if len(missing) == len(names)
+        else f"the model given lacks {listed(missing)}"
+    )
+    raise ValueError(
+        f"this Pruner state was saved from a model with prunable layers {listed(names)}; "
+        f"{lacks}: pass a model of the architecture the state was saved from (the same "
+        "layer names, as model.named_modules() gives them)"
+    )
 
 
 def _check_state(state: Any) -> None:
@@ -1169,9 +1359,38 @@ def _memory_format(w: Tensor) -> torch.memory_format | None:
     return None
 
 
+#: How the attach log names the registered operators; another is named ``"<name> pruner"``.
+_OPERATOR_LABELS = {
+    "feather": "Feather pruner",
+    "hard": "hard-threshold pruner",
+    "soft": "soft-threshold pruner",
+    "st3": "ST-3 pruner",
+}
+
+
+def _method_label(operator: Operator) -> str:
+    """What the attach log calls the pruner: by its operator, with ``p`` where not the
+    name's own (``"Feather pruner"``, ``"hard-threshold pruner"``, ``"Feather pruner (p=2)"``)."""
+    label = _OPERATOR_LABELS.get(operator.name, f"{operator.name} pruner")
+    own = OPERATORS.get(operator.name) if operator.name in OPERATORS else None
+    if isinstance(operator, ThresholdOperator) and getattr(own, "p", None) != operator.p:
+        label += f" (p={operator.p:g})"
+    return label
+
+
+def _backbone_label(backbone: Backbone) -> str:
+    """The backbone for the attach log: nothing for the default global one."""
+    if isinstance(backbone, NMBackbone):
+        return f", N:M pattern {backbone.pattern}"
+    if backbone.name == "global":
+        return ""
+    return f", backbone {backbone.name!r}"
+
+
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _names(include: Sequence[type[nn.Module] | str]) -> list[str]:
-    return [i.__name__ if isinstance(i, type) else i for i in include]
+def _names(include: Sequence[type[nn.Module] | str]) -> str:
+    """``include`` as code writes it: ``[nn.Conv2d, nn.Linear, 'fc']`` (classes as classes)."""
+    return "[" + ", ".join(_type_name(i) if isinstance(i, type) else repr(i) for i in include) + "]"

@@ -20,6 +20,7 @@ thresholds, step and schedule position travel in the Pruner's own state.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import inspect
 import logging
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from feather_sparse.backbones import Backbone, PruneTarget
 from feather_sparse.pruner import Pruner
 from feather_sparse.pruner_config import PrunerConfig
 
@@ -61,6 +63,36 @@ def _check_kwargs(kwargs: Mapping[str, Any], owner: str) -> None:
             raise ValueError(
                 f"{owner} got an unknown argument {key!r}; the Pruner accepts: {', '.join(allowed)}"
             )
+
+
+def _trainable_backbone_error(owner: str, backbone: str) -> ValueError:
+    return ValueError(
+        f"backbone {backbone!r} has trainable parameters and a regularizer, which {owner} "
+        "cannot add to the trainer's optimizer and loss; use a hand-written loop (see the "
+        "Pruner docs) or another backbone"
+    )
+
+
+def _trainable_backbone(config: PrunerConfig) -> str | None:
+    """The name of ``config``'s backbone when it trains parameters of its own (ASL+'s
+    thresholds), known before any model: a fresh one is set up on a one-layer probe.
+
+    None when it has none, or when the probe cannot tell (a custom backbone that
+    needs a real model, or an object already in use): :meth:`PrunerDriver.attach`
+    checks again on the real model.
+    """
+    backbone = config.backbone
+    if isinstance(backbone, Backbone) and hasattr(backbone, "targets"):
+        return None  # set up already (attach refuses a backbone serving another Pruner)
+    try:
+        probe = (
+            copy.deepcopy(backbone) if isinstance(backbone, Backbone) else config.make_backbone()
+        )
+        probe.setup([PruneTarget("probe", nn.Linear(4, 4))])
+        trainable = bool(probe.parameters())
+    except Exception:  # the check on the real model decides then
+        return None
+    return probe.name if trainable else None
 
 
 def _plain_key_hooks(pruner: Pruner) -> list[RemovableHandle]:
@@ -110,9 +142,13 @@ class PrunerDriver:
     :class:`~feather_sparse.pruner_config.PrunerConfig` the Pruner builds
     (the same rules and messages), not when training starts.
 
+    A backbone with trainable parameters (ASL+) is refused here too: the
+    trainer's optimizer and loss would not include them.
+
     Raises:
         ValueError: for an argument the Pruner does not take, a value the
-            Pruner refuses, or ``finalize``/``log_layers`` that is not a bool.
+            Pruner refuses, a backbone with trainable parameters, or
+            ``finalize``/``log_layers`` that is not a bool.
     """
 
     def __init__(
@@ -134,7 +170,12 @@ class PrunerDriver:
                 )
         # The Pruner's own checks, now: a bad value fails here, not after the
         # trainer has set up the model and the data.
-        PrunerConfig(sparsity, **{k: v for k, v in pruner_kwargs.items() if k in _CONFIG_FIELDS})
+        config = PrunerConfig(
+            sparsity, **{k: v for k, v in pruner_kwargs.items() if k in _CONFIG_FIELDS}
+        )
+        trainable = _trainable_backbone(config)
+        if trainable is not None:
+            raise _trainable_backbone_error(owner, trainable)
         self.owner = owner
         self.sparsity = sparsity
         self.pruner_kwargs = dict(pruner_kwargs)
@@ -171,11 +212,7 @@ class PrunerDriver:
         pruner = Pruner(model, self.sparsity, total_steps, **self.pruner_kwargs)
         if pruner.parameters():
             pruner.remove()
-            raise ValueError(
-                f"backbone {pruner.backbone.name!r} has trainable parameters and a "
-                f"regularizer, which {self.owner} cannot add to the trainer's optimizer "
-                "and loss; use a hand-written loop (see the Pruner docs) or another backbone"
-            )
+            raise _trainable_backbone_error(self.owner, pruner.backbone.name)
         self.pruner = pruner
         self._handles = _plain_key_hooks(pruner)
         self.final_sparsity = None

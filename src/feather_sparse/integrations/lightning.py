@@ -109,13 +109,15 @@ class FeatherCallback(DrivenCallback, pl.Callback):
             ``include``, ``exclude``, ``min_params``, ...).
 
     Attributes:
-        pruner: the attached :class:`~feather_sparse.Pruner` (None before training).
+        pruner: the attached :class:`~feather_sparse.Pruner` (None before training;
+            after it, finalized, it still answers ``report()``).
         final_sparsity: the sparsity :meth:`~feather_sparse.Pruner.finalize`
             achieved (None before the end).
 
     Raises:
         ValueError: for an argument the Pruner does not take, a value it refuses
-            (checked here, with the Pruner's messages), or a ``finalize`` or
+            (checked here, with the Pruner's messages), a backbone with trainable
+            parameters (``"asl+"``), or a ``finalize`` or
             ``log_layers`` that is not a bool; during ``fit``, under manual
             optimization without ``total_steps``, when the batches do not step
             as the default count assumes (see the module docstring).
