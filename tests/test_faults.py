@@ -677,3 +677,69 @@ def test_the_guard_table_in_the_docs_is_current() -> None:
     page = (ROOT / "docs" / "reliability.md").read_text()
     shown = page.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert shown == made, "run: python tests/_guards.py --write docs/reliability.md"
+
+
+# ------------------------------------------------ a checkpoint of another run
+@guard(
+    "`--resume RUN` whose checkpoints were copied in from another run",
+    "`ValueError` naming the checkpoint, `config.json` and the fields that differ; "
+    "nothing in the folder changes",
+)
+def test_a_checkpoint_of_another_run_is_refused_and_the_folder_kept(
+    half_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "other"
+    train(small_config(method="gmp", sparsity=0.8), run, stop_after_epoch=1, progress=False)
+    for ckpt in (half_run / "checkpoints").glob("*.pt"):  # the Feather run's, into the GMP run's
+        shutil.copyfile(ckpt, run / "checkpoints" / ckpt.name)
+
+    def files() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+
+    before = files()
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "belongs to another run" in err[0]
+    assert str(checkpoint_path(run)) in err[0] and str(run / "config.json") in err[0]
+    assert "method='feather' in the checkpoint but 'gmp' in config.json" in err[0]
+    assert "sparsity=0.9 in the checkpoint but 0.8 in config.json" in err[0]
+    with pytest.raises(ValueError, match="belongs to another run"):
+        train(resume_config(run), run, resume=True, progress=False)
+    assert files() == before  # config.json, metrics.jsonl, train.log, checkpoints: as they were
+
+
+def test_a_config_json_that_differs_only_where_a_resume_may_resumes(
+    half_run: Path, straight: TrainResult, tmp_path: Path
+) -> None:
+    """A session resumed with ``--device`` or ``--eval-every`` rewrites ``config.json``
+    before its first checkpoint: those fields may differ from the checkpoint's."""
+    run = copy_run(half_run, tmp_path)
+    info = json.loads((run / "config.json").read_text())
+    info.pop("sha256")
+    info["config"].update(device="cpu", eval_every=2, threads=None)
+    integrity.write_sealed_json(run / "config.json", info, indent=2)
+    result = train(small_config(), run, resume=True, progress=False)
+    assert result.completed and same_weights(result.model, straight.model)
+
+
+@guard(
+    "`feather-sparse train --resume` with a damaged `last.pt`",
+    "one warning, on the console and in `train.log`: the reason, the `prev.pt` epoch it "
+    "resumes from, and that the training after it is done again",
+)
+def test_a_damaged_last_checkpoint_is_reported_once_and_logged_to_train_log(
+    half_run: Path, tmp_path: Path
+) -> None:
+    run = copy_run(half_run, tmp_path)
+    flip_bit(checkpoint_path(run), random.Random(11))
+    child = run_child("none", ["train", "--resume", str(run), "--no-progress"])
+    assert child.returncode == 0, child.stderr
+    warnings = [line for line in child.stderr.splitlines() if str(checkpoint_path(run)) in line]
+    assert len(warnings) == 1, child.stderr  # once: not also by the root logger
+    (warning,) = warnings
+    assert "resuming from the previous checkpoint" in warning and "(epoch 1)" in warning
+    assert "the training after epoch 1 is lost and is done again" in warning
+    assert "resume from an intact copy" not in warning  # it does not need one: prev.pt is used
+    assert f"kept as {checkpoint_path(run)}.damaged" in warning
+    log = (run / "train.log").read_text()
+    assert log.count("falling back to prev.pt") == 1 and "WARNING" in log

@@ -121,6 +121,19 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             training checkpoint at all.
         ValueError: when the file is unreadable or not a training checkpoint.
     """
+    return _load_checkpoint(path, _DAMAGED_FIX)
+
+
+#: What to do about a damaged checkpoint when no other one is left to fall back to.
+_DAMAGED_FIX = "resume from an intact copy, or start the run again"
+
+
+def _load_checkpoint(path: str | os.PathLike[str], fix: str | None) -> dict[str, Any]:
+    """:func:`load_checkpoint`, with ``fix`` (what to do) appended to a damaged file's error.
+
+    :func:`read_latest_checkpoint` reads ``last.pt`` with ``fix=None``: when it
+    falls back to ``prev.pt``, the fallback is what happens, not the advice.
+    """
     path = Path(path)
     if path.is_dir():
         path = checkpoint_path(path)
@@ -130,11 +143,11 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             "written at the end of every epoch"
         )
     data = path.read_bytes()
-    fix = "resume from an intact copy, or start the run again"
+    advice = f"; {fix}" if fix else ""
     try:
         sealed = check_zip_seal(data, f"checkpoint {path}")
     except IntegrityError as err:
-        raise IntegrityError(f"{err}: it is damaged or unreadable; {fix}") from None
+        raise IntegrityError(f"{err}: it is damaged or unreadable{advice}") from None
     state = load_torch_bytes(data, f"checkpoint {path}", fix)
     if not isinstance(state, dict):
         raise ValueError(f"{path} is not a feather-sparse training checkpoint")
@@ -147,7 +160,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         if int(state.get("checkpoint_version", 1)) >= SEALED_SINCE_VERSION:
             raise IntegrityError(
                 f"checkpoint {path}: its checksum is missing although its format has one "
-                f"(the file was changed); {fix}"
+                f"(the file was changed){advice}"
             )
         logger.warning(
             "checkpoint %s has no checksum (written by an older feather-sparse): "
@@ -156,7 +169,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         )
     problem = _structure_problem(state)
     if problem is not None:
-        raise IntegrityError(f"checkpoint {path} is damaged: {problem}; {fix}")
+        raise IntegrityError(f"checkpoint {path} is damaged: {problem}{advice}")
     return state
 
 
@@ -267,7 +280,8 @@ class LatestCheckpoint:
 def read_latest_checkpoint(run_dir: str | os.PathLike[str]) -> LatestCheckpoint:
     """The run's newest intact checkpoint, ``last.pt`` else ``prev.pt``, without warning.
 
-    The caller words the warning (resuming and exporting say different things).
+    The caller words the warning (resuming and exporting say different things);
+    ``problem`` says only what is wrong with ``last.pt``, not what to do.
 
     Raises:
         FileNotFoundError: when the folder holds no checkpoint.
@@ -276,14 +290,16 @@ def read_latest_checkpoint(run_dir: str | os.PathLike[str]) -> LatestCheckpoint:
     last = checkpoint_path(run_dir)
     previous = previous_checkpoint_path(last)
     try:
-        return LatestCheckpoint(load_checkpoint(last), last)
+        return LatestCheckpoint(_load_checkpoint(last, None), last)
     except FileNotFoundError:
         if not previous.is_file():
             raise
         problem = f"{last} is missing"
     except ValueError as err:
         if not previous.is_file():
-            raise IntegrityError(f"{err} (no previous checkpoint to fall back to)") from err
+            raise IntegrityError(
+                f"{err} (no previous checkpoint to fall back to); {_DAMAGED_FIX}"
+            ) from err
         problem = str(err)
     try:
         state = load_checkpoint(previous)
@@ -292,6 +308,33 @@ def read_latest_checkpoint(run_dir: str | os.PathLike[str]) -> LatestCheckpoint:
             f"no intact checkpoint left in {Path(run_dir)}: {problem}; and {err}"
         ) from err
     return LatestCheckpoint(state, previous, problem)
+
+
+def _fall_back(run_dir: str | os.PathLike[str], latest: LatestCheckpoint, set_aside: bool) -> None:
+    """Say that a resume falls back to ``prev.pt``, and why; with ``set_aside``, rename the
+    damaged ``last.pt`` to ``last.pt.damaged`` (kept for inspection), so that the next save
+    does not rotate it into ``prev.pt`` over the intact one.
+
+    One warning, logged by the process that resumes (and writes): what was wrong, the
+    checkpoint resumed from with its epoch, and what is lost.
+    """
+    last = checkpoint_path(run_dir)
+    epoch = int(latest.state["epoch"])
+    kept = ""
+    if set_aside and last.is_file():
+        damaged = last.with_name(last.name + ".damaged")
+        os.replace(last, damaged)
+        kept = f"; the damaged file is kept as {damaged}"
+    logger.warning(
+        "%s; falling back to %s: resuming from the previous checkpoint %s (epoch %d), so "
+        "the training after epoch %d is lost and is done again%s",
+        latest.problem,
+        latest.path.name,
+        latest.path,
+        epoch,
+        epoch,
+        kept,
+    )
 
 
 def load_latest_checkpoint(
@@ -311,15 +354,6 @@ def load_latest_checkpoint(
         IntegrityError: when no intact checkpoint is left, naming each file.
     """
     latest = read_latest_checkpoint(run_dir)
-    if latest.problem is None:
-        return latest.state
-    logger.warning(
-        "%s; resuming from the previous checkpoint %s (epoch %d) instead",
-        latest.problem,
-        latest.path,
-        int(latest.state["epoch"]),
-    )
-    last = checkpoint_path(run_dir)
-    if set_aside_damaged and last.is_file():
-        os.replace(last, last.with_name(last.name + ".damaged"))
+    if latest.problem is not None:
+        _fall_back(run_dir, latest, set_aside_damaged)
     return latest.state

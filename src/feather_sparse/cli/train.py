@@ -10,8 +10,10 @@ import argparse
 import contextlib
 import json
 import logging
+import math
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import torch
 
 from feather_sparse.recipes import (
     DEFAULT_RECIPE,
+    TrainConfig,
     config_fields,
     field_help,
     list_recipes,
@@ -32,6 +35,8 @@ from feather_sparse.train import (
     resume_config,
     train,
 )
+from feather_sparse.train.checkpoint import _check_resume
+from feather_sparse.train.result import resume_command
 
 #: The shell's code for a process ended by SIGINT (128 + 2).
 INTERRUPTED_EXIT_CODE = 130
@@ -48,7 +53,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     run_group.add_argument(
         "--recipe",
         default=None,
-        help=f"bundled recipe ({', '.join(list_recipes())}) or a .toml path [{DEFAULT_RECIPE}]",
+        help=f"bundled recipe ({', '.join(list_recipes())}) or a .toml path [{DEFAULT_RECIPE}]; "
+        "a field a .toml file leaves out takes TrainConfig's default, not the "
+        f"{DEFAULT_RECIPE} recipe's (start from --print-config for a complete file)",
     )
     run_group.add_argument(
         "--set",
@@ -60,7 +67,13 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     run_group.add_argument(
         "--run-dir", default=None, help="run folder [runs/<recipe>-<method>-s<S>-<time>]"
     )
-    run_group.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue this run")
+    run_group.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue the run in this folder (the folder, not a checkpoint file in it), "
+        "with the config of its checkpoint",
+    )
     run_group.add_argument(
         "--stop-after-epoch",
         type=int,
@@ -75,7 +88,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         help="progress bar per epoch [on when stderr is a terminal]",
     )
     run_group.add_argument(
-        "--print-config", action="store_true", help="print the resolved config and exit"
+        "--print-config",
+        action="store_true",
+        help="print the resolved config as a TOML recipe (--recipe reads it back) and exit",
     )
     fields = parser.add_argument_group(
         "recipe fields", "each overrides the recipe's value (see --print-config)"
@@ -148,6 +163,73 @@ def _check_dense_flags(dense: bool, overrides: dict[str, Any]) -> None:
         )
 
 
+# ----------------------------------------------------------- --print-config
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: quotes, backslashes and control characters escaped."""
+    out = []
+    for char in text:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char in "\b\t\n\f\r":
+            out.append(json.dumps(char)[1:-1])
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\u{ord(char):04X}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_value(value: Any, where: str) -> str:
+    """``value`` as a TOML value: ``inf`` for infinity, inline tables for dicts.
+
+    Raises:
+        ValueError: for a value TOML cannot hold (``None`` inside a table or a list).
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if math.isnan(value):
+            return "nan"
+        return repr(value)
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v, where) for v in value) + "]"
+    if isinstance(value, Mapping):
+        items = [
+            f"{k if _BARE_KEY.fullmatch(k) else _toml_string(k)} = {_toml_value(v, where)}"
+            for k, v in value.items()
+        ]
+        return "{" + ", ".join(items) + "}"
+    raise ValueError(f"{where}: {value!r} cannot be written in TOML")
+
+
+def config_toml(config: TrainConfig) -> str:
+    """``config`` as a TOML recipe that ``--recipe`` reads back to the same config.
+
+    Every field is written, so the file does not depend on defaults; an unset
+    field (``None``, which TOML cannot write) is a comment, and unset is the
+    default of every field that can be unset.
+    """
+    lines = [
+        "# feather-sparse train --print-config: every field of the resolved config.",
+        "# Save it as a .toml file and pass it to --recipe to train with it.",
+    ]
+    for key, value in config.to_dict().items():
+        if value is None:
+            lines.append(f"# {key}: unset")
+        else:
+            lines.append(f"{key} = {_toml_value(value, key)}")
+    return "\n".join(lines) + "\n"
+
+
 @contextlib.contextmanager
 def _console_logging(verbose: int, quiet: bool = False) -> Iterator[None]:
     """Show the package's INFO lines (epoch summaries) on stderr, without prefixes.
@@ -204,6 +286,10 @@ def _run(command: str, args: argparse.Namespace) -> int:
             raise ValueError("--resume RUN_DIR already names the run folder; drop --run-dir")
         if args.recipe is not None:
             config = load_config(args.recipe, overrides)
+            # Name what the user gave (the recipe), not overrides never typed.
+            _check_resume(
+                config, resume_config(resume_dir), recipe=args.recipe, overrides=overrides
+            )
         else:
             config = resume_config(resume_dir, overrides)
         run_dir: str | None = resume_dir
@@ -212,13 +298,13 @@ def _run(command: str, args: argparse.Namespace) -> int:
         run_dir = args.run_dir
     _check_dense_flags(config.dense, overrides)
     if args.print_config:
-        for key, value in config.to_dict().items():
-            print(f"{key} = {json.dumps(value)}")
+        print(config_toml(config), end="")
         return 0
 
     initialised = init_distributed(config.device)  # under torchrun: join the group
     try:
-        main = distributed_context().is_main
+        ctx = distributed_context()
+        main = ctx.is_main
         with _console_logging(getattr(args, "verbose", 0), quiet=not main):
             result = train(
                 config,
@@ -241,7 +327,7 @@ def _run(command: str, args: argparse.Namespace) -> int:
         print(
             f"stopped after epoch {result.epochs}/{config.epochs}: test accuracy "
             f"{result.test_accuracy:.2%}; continue with: "
-            f"feather-sparse train --resume {result.run_dir}"
+            f"{resume_command(result.run_dir, ctx.world_size)}"
         )
         return 0
     print()

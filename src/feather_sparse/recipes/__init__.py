@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import sys
 import types
 import typing
@@ -79,7 +80,8 @@ OPTIMIZERS = ("sgd", "adamw")
 #: Learning-rate schedules (see ``train.lr_factor``), stepped every iteration.
 LR_SCHEDULES = ("cosine", "constant")
 
-_DEVICE_PREFIXES = ("cpu", "cuda", "mps")
+#: The device strings torch accepts for the kinds a run can use: ``cuda``, ``cuda:1``, ...
+_DEVICE = re.compile(r"(cpu|cuda|mps)(:(0|[1-9][0-9]*))?")
 _AMP_DTYPES = ("bfloat16", "float16")
 
 
@@ -146,7 +148,7 @@ class TrainConfig:
     amp_dtype: str = _f("bfloat16", f"autocast dtype with amp: {', '.join(_AMP_DTYPES)}")
     # --- reproducibility, hardware -------------------------------------------
     seed: int = _f(0, "seed of the model init, data order and augmentation")
-    device: str = _f("auto", "auto (CUDA when available), cpu, cuda, cuda:N")
+    device: str = _f("auto", "auto (CUDA when available), cpu, cuda, cuda:N, mps")
     threads: int | None = _f(None, "CPU threads of torch's kernels (none: torch's default)")
     deterministic: bool = _f(False, "force deterministic kernels (slower on CUDA)")
     tensorboard: bool = _f(True, "write TensorBoard logs when tensorboard is installed")
@@ -235,9 +237,11 @@ class TrainConfig:
             raise ValueError(f"grad_clip must be > 0 or none, got {self.grad_clip}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        device = self.device.split(":", 1)[0]
-        if self.device != "auto" and device not in _DEVICE_PREFIXES:
-            raise ValueError(f"device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+        if self.device != "auto" and not _DEVICE.fullmatch(self.device):
+            raise ValueError(
+                f"device must be auto, cpu, cuda, cuda:N (N a GPU's number: 0, 1, ...) or mps, "
+                f"got {self.device!r}"
+            )
         # The pruning parameters follow the library's one rule each (feather_sparse.rules).
         check_sparsity(self.sparsity)
         if self.pattern is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,15 @@ from feather_sparse.recipes import TrainConfig
 from feather_sparse.run_files import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
+    CHECKPOINTS_DIR,
+    LAST_NAME,
     PREVIOUS_NAME,
+    LatestCheckpoint,
     checkpoint_path,
     load_checkpoint,
     load_latest_checkpoint,
     previous_checkpoint_path,
+    read_latest_checkpoint,
     save_checkpoint,
 )
 
@@ -98,16 +103,100 @@ def _set_rng_state(state: dict[str, Any]) -> None:
             )
 
 
-def _check_resume(config: TrainConfig, saved: TrainConfig) -> None:
-    """Refuse a resume whose config contradicts the checkpoint's, naming the fields."""
+def _check_resume(
+    config: TrainConfig,
+    saved: TrainConfig,
+    *,
+    recipe: str | None = None,
+    overrides: Collection[str] = (),
+) -> None:
+    """Refuse a resume whose config contradicts the checkpoint's, naming the fields.
+
+    Args:
+        config: the config the resume was given.
+        saved: the checkpoint's.
+        recipe: the recipe ``config`` was read from, when the user named one
+            (``--resume RUN --recipe R``): the fields it sets are blamed on it,
+            not on overrides the user never typed.
+        overrides: the fields the user set on the command line.
+    """
     diff = {k: v for k, v in saved.diff(config).items() if k not in RESUME_FREE_FIELDS}
-    if diff:
+    if not diff:
+        return
+    if recipe is None:
         parts = [f"{k}={old!r} in the checkpoint but {new!r} now" for k, (old, new) in diff.items()]
         raise ValueError(
             "cannot resume: the config contradicts the checkpoint: "
             + "; ".join(parts)
             + " (drop these overrides, or start a new run)"
         )
+    parts = [
+        f"{k}={old!r} in the checkpoint but {new!r} "
+        + ("given on the command line" if k in overrides else f"in recipe {recipe}")
+        for k, (old, new) in diff.items()
+    ]
+    drop = [f"--recipe {recipe}"] + ["--" + k.replace("_", "-") for k in diff if k in overrides]
+    raise ValueError(
+        f"cannot resume: recipe {recipe} contradicts the checkpoint: "
+        + "; ".join(parts)
+        + f" (drop {', '.join(drop)}: --resume reads the run's config from its checkpoint; "
+        "or start a new run)"
+    )
+
+
+def _check_same_run(run_dir: Path, latest: LatestCheckpoint, recorded: TrainConfig | None) -> None:
+    """Refuse a checkpoint that belongs to another run than the folder's ``config.json``.
+
+    Every session writes its config to ``config.json`` before its first
+    checkpoint, so within one run the two agree up to the fields a resume may
+    change (``RESUME_FREE_FIELDS``). A checkpoint copied in from another run
+    does not: resuming it would continue that run here, rewrite the folder's
+    ``config.json`` and mix the two runs' metrics.
+
+    Args:
+        run_dir: the run folder.
+        latest: the checkpoint the resume would read.
+        recorded: the config ``config.json`` holds (None: unreadable, not compared).
+
+    Raises:
+        ValueError: naming the checkpoint, ``config.json``, the fields, and the fix.
+    """
+    if recorded is None:
+        return
+    saved = TrainConfig.from_record(latest.state["config"])
+    diff = {k: v for k, v in recorded.diff(saved).items() if k not in RESUME_FREE_FIELDS}
+    if not diff:
+        return
+    parts = [
+        f"{k}={theirs!r} in the checkpoint but {ours!r} in config.json"
+        for k, (ours, theirs) in diff.items()
+    ]
+    raise ValueError(
+        f"cannot resume {run_dir}: its checkpoint {latest.path} belongs to another run than "
+        f"its {run_dir / 'config.json'}: "
+        + "; ".join(parts)
+        + f" (put this run's own checkpoints back into {latest.path.parent}, or resume the "
+        "checkpoint in the folder of the run that wrote it); nothing was changed"
+    )
+
+
+def _check_resume_folder(run_dir: str | os.PathLike[str]) -> None:
+    """Refuse ``--resume`` given a file (a checkpoint, say) instead of the run folder.
+
+    Raises:
+        ValueError: naming the run folder to give when the file is a run's checkpoint.
+    """
+    path = Path(run_dir)
+    if not path.exists() or path.is_dir():
+        return
+    if path.parent.name == CHECKPOINTS_DIR:
+        hint = f"give its run folder: --resume {path.parent.parent}"
+    else:
+        hint = f"give the run folder, the one holding {CHECKPOINTS_DIR}/{LAST_NAME}"
+    raise ValueError(
+        f"--resume takes a run folder, and {path} is a file; {hint} "
+        "(the run continues from its newest intact checkpoint)"
+    )
 
 
 def resume_config(
@@ -117,14 +206,18 @@ def resume_config(
 
     A finished run whose checkpoints are gone or damaged still has a config:
     the one its ``config.json`` recorded (resuming it hands back its model).
+    Nothing is logged here: when ``last.pt`` is damaged, the resume itself
+    says that it falls back to ``prev.pt``.
 
     Raises:
         FileNotFoundError: when the folder holds no checkpoint (and no finished run).
-        ValueError: for an unknown field or bad value in ``overrides``, or
-            when no intact checkpoint is left (and the run did not finish).
+        ValueError: for an unknown field or bad value in ``overrides``, when no
+            intact checkpoint is left (and the run did not finish), or when
+            ``run_dir`` is a file (a checkpoint) rather than the run folder.
     """
+    _check_resume_folder(run_dir)
     try:
-        record = load_latest_checkpoint(run_dir)["config"]
+        record = read_latest_checkpoint(run_dir).state["config"]
     except (FileNotFoundError, ValueError) as err:
         from feather_sparse.train.run_dir import _finished_run, read_run_info
 

@@ -31,12 +31,20 @@ from feather_sparse.methods import check_method
 from feather_sparse.models import create_model, model_info
 from feather_sparse.pruner import PrunerReport
 from feather_sparse.recipes import TrainConfig
-from feather_sparse.run_files import CHECKPOINTS_DIR, MODEL_NAME, PLAIN_MODEL_NAME
+from feather_sparse.run_files import (
+    CHECKPOINTS_DIR,
+    MODEL_NAME,
+    PLAIN_MODEL_NAME,
+    LatestCheckpoint,
+    _fall_back,
+    read_latest_checkpoint,
+)
 from feather_sparse.train.checkpoint import (
     _check_resume,
+    _check_resume_folder,
+    _check_same_run,
     checkpoint_path,
     load_checkpoint,
-    load_latest_checkpoint,
     save_checkpoint,
 )
 from feather_sparse.train.dist import (
@@ -56,7 +64,7 @@ from feather_sparse.train.progress import (
     _threshold_value,
     _use_bar,
 )
-from feather_sparse.train.result import TrainingInterrupted, TrainResult
+from feather_sparse.train.result import TrainingInterrupted, TrainResult, resume_command
 from feather_sparse.train.run_dir import (
     _export_unavailable,
     _finished_run,
@@ -121,7 +129,7 @@ def _save(s: _Session, row: dict[str, Any]) -> None:
         else:
             kept = (
                 f"the previous checkpoint (epoch {s.saved_epoch}) is intact; free some space, "
-                f"then continue with: feather-sparse train --resume {s.run_dir}"
+                f"then continue with: {resume_command(s.run_dir, s.ctx.world_size)}"
             )
         raise DiskFullError(
             f"the disk is full: the checkpoint of epoch {s.epoch} could not be written to "
@@ -256,6 +264,11 @@ def _finish(s: _Session, writer: Any, started: float) -> TrainResult:
     )
 
 
+def _count(n: int, noun: str) -> str:
+    """``"1 epoch"``, ``"20 epochs"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _train(
     config: TrainConfig,
     run_dir: Path,
@@ -288,15 +301,15 @@ def _train(
             )
     n_params = sum(p.numel() for p in s.model.parameters())
     logger.info(
-        "%s: %s (%s params) on %s (%d train / %d test), %d epochs × %d steps, %s, device %s",
+        "%s: %s (%s params) on %s (%d train / %d test), %s × %s, %s, device %s",
         run_dir,
         config.model,
         f"{n_params:,}",
         config.dataset,
         s.bundle.train_size,
         s.bundle.test_size,
-        config.epochs,
-        s.steps_per_epoch,
+        _count(config.epochs, "epoch"),
+        _count(s.steps_per_epoch, "step"),
         "dense" if s.pruner is None else f"{config.method} to sparsity {config.sparsity:g}",
         device,
     )
@@ -372,7 +385,9 @@ def _train(
             # save returned: the file, not the counter, says what was saved.
             with contextlib.suppress(Exception):
                 saved = int(load_checkpoint(checkpoint_path(run_dir))["epoch"])
-        raise TrainingInterrupted(run_dir, s.epoch, s.step, config.epochs, saved) from None
+        raise TrainingInterrupted(
+            run_dir, s.epoch, s.step, config.epochs, saved, ctx.world_size
+        ) from None
     finally:
         if writer is not None:
             writer.close()
@@ -406,12 +421,16 @@ def train(
     Resuming a run that has finished, with its saved model intact, writes
     nothing and returns that model and the run's final numbers. A damaged
     ``last.pt`` is set aside (``last.pt.damaged``) and the run resumes from
-    ``prev.pt``, with a warning.
+    ``prev.pt``, with one warning (also in ``train.log``). A resume is
+    checked before anything in the folder changes.
 
     Raises:
         ValueError: for an unknown model/data set/method, a resume that
-            contradicts the checkpoint, a fresh run into a folder that already
-            holds one, a run folder that is a file, or a bad device.
+            contradicts the checkpoint, a checkpoint that belongs to another
+            run than the folder's ``config.json``, a fresh run into a folder
+            that already holds one, a run folder that is a file (for a
+            resume: a checkpoint given instead of its run folder), or a bad
+            device.
         IntegrityError: (a ``ValueError``) when no intact checkpoint is left.
         FileNotFoundError: for missing data or a missing checkpoint.
         NotWritableError: (an ``OSError``) when the run folder cannot be written.
@@ -453,13 +472,15 @@ def train(
             torch.distributed.broadcast_object_list(names, src=0)
             run_dir = names[0]
     run_path = Path(run_dir)
+    if resume:
+        _check_resume_folder(run_path)
     if run_path.exists() and not run_path.is_dir():
         raise ValueError(
             f"run folder {run_path} is an existing file, not a folder; "
             "choose another --run-dir (a new or an existing folder)"
         )
     if resume and not run_path.is_dir():
-        load_latest_checkpoint(run_path)  # raises: nothing to resume (and nothing is created)
+        read_latest_checkpoint(run_path)  # raises: nothing to resume (and nothing is created)
     created = not run_path.exists()
     lock_file = run_path / run_lock.LOCK_NAME
     lock_existed = lock_file.exists()
@@ -531,6 +552,7 @@ def _train_locked(
 ) -> TrainResult:
     """:func:`train` once the run folder is this process's: resume or start, then train."""
     checkpoint: dict[str, Any] | None = None
+    latest: LatestCheckpoint | None = None
     if resume:
         finished = _finished_run(run_path)
         if finished is not None:
@@ -538,8 +560,12 @@ def _train_locked(
             if recorded is not None:  # a finished run is read back only as it was trained
                 _check_resume(config, recorded)
             return _finished_result(config, run_path, finished, started)
-        checkpoint = load_latest_checkpoint(run_path, set_aside_damaged=ctx.is_main)
+        # Every check before anything in the folder changes (a damaged last.pt
+        # is set aside, config.json rewritten) only once they all pass.
+        latest = read_latest_checkpoint(run_path)
+        checkpoint = latest.state
         _check_resume(config, TrainConfig.from_record(checkpoint["config"]))
+        _check_same_run(run_path, latest, _recorded_config(run_path))
         _check_world_size(run_path, ctx.world_size)
     else:
         held = _run_work(run_path)
@@ -558,6 +584,8 @@ def _train_locked(
         torch.set_num_threads(config.threads)
     try:
         with _run_logging(run_path if ctx.is_main else None):
+            if latest is not None and latest.problem is not None and ctx.is_main:
+                _fall_back(run_path, latest, set_aside=True)  # said once, and in train.log
             return _train(
                 config,
                 run_path,
@@ -600,11 +628,7 @@ def _check_world_size(run_path: Path, world_size: int) -> None:
     except (OSError, ValueError, KeyError, TypeError):
         return  # no record to compare with: the step count check still guards the resume
     if recorded != world_size:
-        launch = (
-            f"torchrun --nproc_per_node={recorded} ... --resume {run_path}"
-            if recorded > 1
-            else f"feather-sparse train --resume {run_path} (one process)"
-        )
+        launch = resume_command(run_path, recorded) + (" (one process)" if recorded == 1 else "")
         raise ValueError(
             f"cannot resume: {run_path} was trained by {recorded} process(es), this is "
             f"{world_size}; the global batch and the steps per epoch depend on it: resume "

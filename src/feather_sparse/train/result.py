@@ -54,6 +54,17 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
+def resume_command(run_dir: str | Path, world_size: int = 1) -> str:
+    """The command that continues the run in ``run_dir`` with ``world_size`` processes.
+
+    A run trained by several processes resumes only with as many (the global
+    batch depends on it), so it is continued under ``torchrun`` again.
+    """
+    if world_size > 1:
+        return f"torchrun --nproc_per_node={world_size} -m feather_sparse train --resume {run_dir}"
+    return f"feather-sparse train --resume {run_dir}"
+
+
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during training: where the run stopped, and the command that continues it.
 
@@ -65,12 +76,20 @@ class TrainingInterrupted(KeyboardInterrupt):
         epoch: epochs completed when interrupted.
         step: optimizer steps completed.
         saved_epoch: the epoch the newest checkpoint holds (None: none saved).
+        world_size: the number of processes that trained it (the command says so).
     """
 
     def __init__(
-        self, run_dir: Path, epoch: int, step: int, epochs: int, saved_epoch: int | None
+        self,
+        run_dir: Path,
+        epoch: int,
+        step: int,
+        epochs: int,
+        saved_epoch: int | None,
+        world_size: int = 1,
     ) -> None:
         self.run_dir, self.epoch, self.step, self.saved_epoch = run_dir, epoch, step, saved_epoch
+        self.world_size = world_size
         where = (
             f"while finishing, after epoch {epoch}/{epochs}"
             if epoch >= epochs
@@ -81,6 +100,6 @@ class TrainingInterrupted(KeyboardInterrupt):
         else:
             then = (
                 f"the last checkpoint holds epoch {saved_epoch}; continue with: "
-                f"feather-sparse train --resume {run_dir}"
+                f"{resume_command(run_dir, world_size)}"
             )
         super().__init__(f"interrupted {where}; {then}")
