@@ -11,7 +11,7 @@ from torch import nn
 
 from feather_sparse import models
 from feather_sparse.export.codec import _VALUE_DTYPES
-from feather_sparse.export.files import check_writable, sniff
+from feather_sparse.export.files import SUFFIXES, check_writable, sniff
 from feather_sparse.export.fsp import inspect_sparse, save_sparse
 from feather_sparse.export.header import (
     MODEL_SPEC_ATTR,
@@ -39,7 +39,12 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="a training run folder, a training checkpoint (.pt) or a sparse checkpoint (.fsp)",
     )
-    parser.add_argument("-o", "--output", type=Path, help="sparse checkpoint to write (.fsp)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="sparse checkpoint to write (.fsp; a name ending in .onnx is refused: use --onnx)",
+    )
     parser.add_argument(
         "--values",
         choices=sorted(_VALUE_DTYPES),
@@ -116,6 +121,23 @@ def _values(given: str | None, source: Path) -> str:
     return inspect_sparse(source).values if sniff(source) == "safetensors" else "fp32"
 
 
+def _warn_of_name(target: Path, kind: str) -> None:
+    """Warn when ``target``'s name does not say what it will hold (``-o model.pt``, say).
+
+    A name that says the other format (``-o model.onnx``) is refused before
+    this, by :func:`~feather_sparse.export.files.check_writable`.
+    """
+    suffixes = SUFFIXES[kind]
+    if target.suffix.lower() in suffixes:
+        return
+    what = "a sparse checkpoint (.fsp)" if kind == "safetensors" else "an ONNX model"
+    print(
+        f"feather-sparse export: warning: {target} will hold {what}, though its name does not "
+        f"say so ({target.with_suffix(suffixes[0]).name} would)",
+        file=sys.stderr,
+    )
+
+
 def _print_written(info: SparseFileInfo) -> None:
     print(
         f"wrote {info.path}: {human_bytes(info.file_bytes)} "
@@ -166,6 +188,7 @@ def run(command: str, args: argparse.Namespace) -> int:
     ):
         if target is not None:
             check_writable(target, suggestion, kind=kind, reads=reads)
+            _warn_of_name(target, kind)
     try:
         source = load_export_source(args.source, sparsity=args.sparsity)
     except PatternSparsityError as err:

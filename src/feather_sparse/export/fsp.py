@@ -304,6 +304,74 @@ def _pruner_hint(model: object) -> str:
     return ""
 
 
+def _pruned_weights(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
+    """The tensors a Pruner's parametrization holds in ``model``, by plain name.
+
+    Maps ``<layer>.weight`` to the layer and ``"weight"``, for every name under
+    which the layer is registered (a layer shared by two names is listed
+    twice, as ``state_dict`` lists it). Other parametrizations are not listed.
+    """
+    from feather_sparse.pruner import FeatherParametrization  # lazily, as _pruner_hint
+
+    out: dict[str, tuple[nn.Module, str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if not parametrize.is_parametrized(module):
+            continue
+        plists: Any = module.parametrizations
+        for tensor_name, plist in plists.items():
+            if any(isinstance(p, FeatherParametrization) for p in plist):
+                out[f"{name}.{tensor_name}" if name else tensor_name] = (module, tensor_name)
+    return out
+
+
+def _attached_message(names: list[str]) -> str:
+    """``"the model still has a Pruner attached (layers a, b, …; never finalized)"``."""
+    layers = [name.rpartition(".")[0] or name for name in names]
+    shown = ", ".join(layers[:3]) + (", …" if len(layers) > 3 else "")
+    return f"the model still has a Pruner attached (layers {shown}; never finalized)"
+
+
+def _zero_fraction(tensors: list[Tensor]) -> float:
+    zeros = sum(int(torch.count_nonzero(t == 0)) for t in tensors)
+    return zeros / max(sum(t.numel() for t in tensors), 1)
+
+
+@torch.no_grad()
+def _state_as_finalized(model: nn.Module) -> tuple[dict[str, Tensor], list[str]]:
+    """``model.state_dict()`` with the keys ``Pruner.finalize()`` would leave, and what changed.
+
+    Each weight a Pruner's parametrization holds
+    (``<layer>.parametrizations.weight.original`` and the rest of that
+    parametrization's entries) is given under its plain name
+    ``<layer>.weight`` as what the forward computes from it now — ``P_T(w)``
+    at the thresholds in use, in a tensor of its own — where the first of
+    those entries was. The model is not changed.
+
+    Returns:
+        The ``state_dict``, and the plain names of the weights computed so
+        (empty when no Pruner is attached).
+    """
+    state = model.state_dict()
+    pruned = _pruned_weights(model)
+    if not pruned:
+        return state, []
+    # "<layer>.parametrizations.weight." starts every entry of that parametrization
+    prefixes = {
+        plain.removesuffix(tensor_name) + f"parametrizations.{tensor_name}.": plain
+        for plain, (_, tensor_name) in pruned.items()
+    }
+    out: dict[str, Tensor] = {}
+    for key, value in state.items():
+        plain = next((p for prefix, p in prefixes.items() if key.startswith(prefix)), None)
+        if plain is None:
+            out[key] = value
+        elif plain not in out:
+            module, tensor_name = pruned[plain]
+            # a tensor of its own: the operator may reuse its output memory
+            out[plain] = getattr(module, tensor_name).detach().clone()
+    return out, list(pruned)
+
+
 def _encode_tensor(name: str, tensor: Tensor, values: str) -> tuple[TensorRecord, bytes]:
     """The record and the stored bytes of one state_dict tensor."""
     t = tensor.detach().cpu().contiguous()
@@ -375,8 +443,15 @@ def save_sparse(
     Sparse floating tensors are stored as a compressed pattern plus their
     non-zero values, everything else as is (see the module docstring for the
     format). With ``values="fp32"`` the round trip through :func:`load_sparse`
-    is bit-exact. Call ``Pruner.finalize()`` first: a model that still carries
-    parametrizations is saved with its raw (unthresholded, dense) tensors.
+    is bit-exact.
+
+    Call ``Pruner.finalize()`` first. A model whose Pruner is still attached
+    is saved as its forward computes now, with a warning: each pruned weight
+    is ``P_T(w)`` at the thresholds in use (exact zeros), under its plain name
+    (``<layer>.weight``), so that the file loads into the plain model, as it
+    would after ``finalize()`` — which, unlike this, recomputes the thresholds
+    at the target sparsity. Other parametrizations are saved as they are
+    (the model's own ``state_dict`` keys).
 
     Args:
         model: the model (or a ``state_dict``); a model wrapped by
@@ -401,11 +476,14 @@ def save_sparse(
             does not store (a sparse layout, or an unsigned dtype wider than 8
             bits); the message names it.
         ValueError: for an unknown ``values``, metadata that is not
-            JSON-serializable, or values that overflow float16.
+            JSON-serializable, values that overflow float16, or a ``path``
+            named as an ONNX model (``*.onnx``: ONNX is written by
+            :func:`~feather_sparse.export.export_onnx`).
         OSError: if ``path`` is a directory, cannot be written (for a full
-            disk, ``errno.ENOSPC``) or holds a file of another kind, such as a
-            training checkpoint (``FileExistsError``); an existing file at
-            ``path`` is then left as it was.
+            disk, ``errno.ENOSPC``) or holds a file that is not a ``.fsp``
+            (``FileExistsError``: a training checkpoint, an ONNX model, a text
+            file, a file of unknown kind; an empty file is replaced); an
+            existing file at ``path`` is then left as it was.
 
     Example:
         >>> model = nn.Linear(64, 64)
@@ -437,12 +515,16 @@ def save_sparse(
 
     if isinstance(model, nn.Module):
         model = _unwrap_compiled(model)  # torch.compile: the keys of the model itself
-        if any(parametrize.is_parametrized(m) for m in model.modules()):
+        state, attached = _state_as_finalized(model)
+        if attached:
             logger.warning(
-                "the model still has parametrizations (a Pruner not finalized?); "
-                "their raw dense tensors are saved. Call pruner.finalize() first."
+                "%s: %s; saved as its forward computes now: P_T(w) at the thresholds in use "
+                "(sparsity %.4f of those weights) under the plain names, so the file loads into "
+                "the plain model (pruner.finalize() first bakes the target sparsity)",
+                target,
+                _attached_message(attached),
+                _zero_fraction([state[name] for name in attached]),
             )
-        state = model.state_dict()
         spec = _fitting_spec(model, state)
     else:
         state, spec = dict(model), None

@@ -5,10 +5,14 @@ The model is exported in memory and written atomically
 half a file where a good one was. :func:`onnx_opset` and
 :func:`check_example_input` are the checks :func:`export_onnx` makes before
 the slow part, for callers that must make them before writing anything else.
+A model whose Pruner is still attached is exported from a copy with its
+pruned weights as plain tensors (:func:`_without_pruner`), never with the
+thresholding in the graph.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import os
@@ -20,7 +24,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from feather_sparse.export.files import check_writable
+from feather_sparse.export.files import ONNX_DATA, check_writable
+from feather_sparse.export.fsp import _attached_message, _pruned_weights, _zero_fraction
 from feather_sparse.integrity import (
     DiskFullError,
     NotWritableError,
@@ -220,7 +225,7 @@ def _save_with_external_data(program: Any, target: Path) -> None:
     """
     ir = importlib.import_module("onnx_ir")
     data_name = f"{target.name}.data"
-    check_writable(target.with_name(data_name), "model.onnx.data", kind="onnx")
+    check_writable(target.with_name(data_name), "model.onnx.data", kind=ONNX_DATA)
     tmp = _new_temp(target)
     try:
         # onnx_ir writes the weights to a temporary file and renames it over
@@ -238,6 +243,57 @@ def _save_with_external_data(program: Any, target: Path) -> None:
     remove_stale_temps(target)
 
 
+@torch.no_grad()
+def _without_pruner(model: nn.Module) -> tuple[nn.Module, list[str]]:
+    """``model``, or a copy of it with each weight a Pruner's parametrization holds made plain.
+
+    The copy's weight is ``P_T(w)`` at the thresholds in use — what the
+    forward computes now, exact zeros — in a ``Parameter`` of its own, so the
+    graph holds the pruned weights and no thresholding. ``model`` itself is
+    not changed: ``parametrize.remove_parametrizations`` on a deep copy would
+    change the class the copy shares with the original, so the copy is made
+    without the parametrizations and its layers given back their own class.
+
+    Returns:
+        The model to export, and the plain names of the weights made plain
+        (empty, with ``model`` itself, when no Pruner is attached).
+
+    Raises:
+        ValueError: naming ``pruner.finalize()``, when a layer also carries
+            another parametrization, or the model cannot be copied.
+    """
+    pruned = _pruned_weights(model)
+    if not pruned:
+        return model, []
+    layers: dict[int, tuple[nn.Module, dict[str, Tensor]]] = {}
+    for plain, (module, tensor_name) in pruned.items():
+        plists: Any = module.parametrizations
+        if set(plists.keys()) != {tensor_name}:
+            raise ValueError(
+                f"{_attached_message(list(pruned))}, and layer {plain.rpartition('.')[0]!r} "
+                f"also has its {sorted(set(plists.keys()) - {tensor_name})} parametrized: call "
+                "pruner.finalize() first, which leaves a model that exports as a dense graph"
+            )
+        # a tensor of its own: the operator may reuse its output memory
+        value = getattr(module, tensor_name).detach().clone()
+        layers.setdefault(id(module), (module, {}))[1][tensor_name] = value
+    memo: dict[int, Any] = {id(m.parametrizations): None for m, _ in layers.values()}
+    try:
+        plain_model = copy.deepcopy(model, memo)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"{_attached_message(list(pruned))}, and the model cannot be copied to export it "
+            f"as it computes now ({first_line(err)[:200]}): call pruner.finalize() first"
+        ) from err
+    for module, values in layers.values():
+        replica = memo[id(module)]
+        del replica._modules["parametrizations"]
+        replica.__class__ = type(module).__bases__[0]  # the class before parametrize's
+        for tensor_name, value in values.items():
+            replica.register_parameter(tensor_name, nn.Parameter(value, requires_grad=False))
+    return plain_model, list(pruned)
+
+
 def export_onnx(
     model: nn.Module,
     path: str | os.PathLike[str],
@@ -246,6 +302,12 @@ def export_onnx(
     opset: int | None = None,
 ) -> int:
     """Write the (finalized, dense-format) model to ONNX with a dynamic batch size.
+
+    Call ``Pruner.finalize()`` first. A model whose Pruner is still attached
+    is exported as its forward computes now, with a warning: each pruned
+    weight is ``P_T(w)`` at the thresholds in use, stored as a plain weight
+    (the graph has no thresholding ops), as :func:`save_sparse` saves it;
+    ``model`` itself is not changed.
 
     Uses torch's ``torch.export``-based exporter when ``onnxscript`` is
     installed and the legacy TorchScript exporter (``dynamo=False``) otherwise;
@@ -276,10 +338,14 @@ def export_onnx(
         TypeError: if ``example_input`` is not one tensor.
         ValueError: if ``onnx`` is not installed, ``opset`` is outside what
             the exporter writes, the model does not run on ``example_input``,
-            or it is too large for the legacy exporter (over 2 GiB of weights).
-        OSError: if ``path`` is a folder, holds a file of another kind (a
-            ``.fsp`` or a training checkpoint: ``FileExistsError``), or cannot
-            be written (a full disk:
+            it is too large for the legacy exporter (over 2 GiB of weights),
+            ``path`` is named as a sparse checkpoint (``*.fsp``,
+            ``*.safetensors``), or a Pruner is attached to a layer that also
+            carries another parametrization (call ``pruner.finalize()`` first).
+        OSError: if ``path`` is a folder, holds a file that is not an ONNX
+            model (``FileExistsError``: a ``.fsp``, a training checkpoint, a
+            text file, a file of unknown kind; an empty file is replaced), or
+            cannot be written (a full disk:
             :class:`~feather_sparse.integrity.DiskFullError`); an existing
             file at ``path`` is then left as it was.
     """
@@ -295,6 +361,16 @@ def export_onnx(
             f"{target.name}.data"
         )
     check_example_input(model, example_input)  # a wrong shape fails here, in one line
+    model, pruned = _without_pruner(model)  # a copy, when a Pruner is attached
+    if pruned:
+        logger.warning(
+            "%s: %s; exported as its forward computes now: P_T(w) at the thresholds in use "
+            "(sparsity %.4f of those weights) as plain weights (pruner.finalize() first bakes "
+            "the target sparsity)",
+            target,
+            _attached_message(pruned),
+            _zero_fraction([p for n, p in model.named_parameters() if n in pruned]),
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     was_training = model.training
     model.eval()
@@ -326,9 +402,10 @@ def export_onnx(
             raise
         raise ValueError(
             f"ONNX export failed ({first_line(err)[:200]}) on a model whose layers "
-            f"{', '.join(attached[:3])}{', …' if len(attached) > 3 else ''} still carry a "
-            "parametrization (a Pruner is attached): call pruner.finalize() first, which "
-            "leaves a plain model with exact zeros that exports as a dense graph"
+            f"{', '.join(attached[:3])}{', …' if len(attached) > 3 else ''} carry a "
+            "parametrization: remove it first (torch.nn.utils.parametrize."
+            "remove_parametrizations, leave_parametrized=True), which leaves plain weights "
+            "that export as a dense graph"
         ) from err
     finally:
         model.train(was_training)
