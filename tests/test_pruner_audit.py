@@ -216,3 +216,28 @@ def test_the_attach_log_names_a_p_of_the_user_s_choice(caplog: pytest.LogCapture
     with caplog.at_level(logging.INFO, logger="feather_sparse.pruner"):
         fs.Pruner(mlp(), 0.5, 10, p=2.0)
     assert any(r.getMessage().startswith("Feather pruner (p=2) attached") for r in caplog.records)
+
+
+@guard(
+    "a `copy.deepcopy` of the model taken while the Pruner is attached (an EMA model, a "
+    "best-so-far snapshot), then `finalize()` or `remove()` on the original",
+    "the copy keeps working, with the pruning of the moment it was taken; torch's "
+    "parametrize shares the class between the two and removal deleted the copy's `weight`",
+)
+@pytest.mark.parametrize("end", ["finalize", "remove"])
+@pytest.mark.parametrize("pattern", [None, "2:4"])
+def test_a_copy_of_the_model_outlives_the_end_of_the_pruner(end: str, pattern: str | None) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    kwargs: dict[str, Any] = {"pattern": pattern} if pattern else {"sparsity": 0.5}
+    pruner = fs.Pruner(model, total_steps=2, **kwargs)
+    snapshot = copy.deepcopy(model)
+    x = torch.randn(3, 8)
+    expected = model(x).detach()
+    getattr(pruner, end)()
+    assert type(model[0]) is nn.Linear and type(model[2]) is nn.Linear
+    assert torch.equal(snapshot(x), expected)  # the copy computes what the model did
+    # and the copy can still be taken apart the same way torch does it
+    parametrize.remove_parametrizations(snapshot[0], "weight", leave_parametrized=True)
+    assert type(snapshot[0]) is nn.Linear
+    assert torch.equal(snapshot(x), expected)

@@ -201,6 +201,21 @@ def _matches(name: str, patterns: Iterable[str], children: bool) -> bool:
     return False
 
 
+def _unparametrize(module: nn.Module, leave_parametrized: bool) -> None:
+    """Remove the parametrization of ``module.weight`` without breaking copies of the module.
+
+    ``torch.nn.utils.parametrize`` gives a parametrized module a class of its
+    own and, on removal, deletes the ``weight`` property from that class; a
+    ``copy.deepcopy`` of the module (an EMA model, a best-so-far snapshot)
+    shares the class, so it would lose its ``weight``. The module is first
+    moved to a private copy of the class, so that removal touches only it.
+    """
+    cls = type(module)
+    own = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+    module.__class__ = type(cls.__name__, cls.__bases__, own)
+    parametrize.remove_parametrizations(module, "weight", leave_parametrized=leave_parametrized)
+
+
 def _check_backbone_free(backbone: Backbone) -> None:
     """Refuse a ``backbone`` object that still serves another Pruner's attached layers:
     a backbone holds its Pruner's layers and state, so one object cannot serve two.
@@ -602,7 +617,7 @@ class Pruner:
                 attached.append(alias)
         except Exception:
             for t in attached:  # leave the model as we found it
-                parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
+                _unparametrize(t.module, leave_parametrized=False)
             distributed.reconnect_ddp(ddp_indices, [t.weight for t in attached])
             raise
         distributed.reconnect_ddp(ddp_indices, [t.weight for t in targets])
@@ -943,10 +958,10 @@ class Pruner:
         # A tied layer lets go of the shared weight first; its target then bakes
         # P_T(w) into that one tensor, in place, once.
         for alias, _ in self.tied:
-            parametrize.remove_parametrizations(alias.module, "weight", leave_parametrized=False)
+            _unparametrize(alias.module, leave_parametrized=False)
         for t in self.targets:
             layout = _memory_format(t.weight)  # the stored weight's, before baking
-            parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=True)
+            _unparametrize(t.module, leave_parametrized=True)
             # The N:M pass of small layers computes them into one buffer, and the
             # baked weight is a view of it: give each weight storage of its own, so
             # that saving or moving one layer carries that layer alone.
@@ -999,7 +1014,7 @@ class Pruner:
         except Exception:  # e.g. a backbone left half-loaded by a refused state
             logger.debug("remove: the pruned state could not be measured", exc_info=True)
         for t in self.parametrized_layers():
-            parametrize.remove_parametrizations(t.module, "weight", leave_parametrized=False)
+            _unparametrize(t.module, leave_parametrized=False)
         self._finished = True
         self._ended = _Ended("removed", thresholds, shown, zeros)
         self.backbone.release()
