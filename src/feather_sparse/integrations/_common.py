@@ -127,6 +127,53 @@ def _plain_key_hooks(pruner: Pruner) -> list[RemovableHandle]:
     return handles
 
 
+def _check_resumable(owner: str, pruner: Pruner, state: Mapping[str, Any]) -> None:
+    """Refuse a saved Pruner state whose settings differ from the callback's, with the
+    callback's remedy (the Pruner's own message advises ``Pruner.from_state_dict``,
+    which a callback user does not call).
+
+    Only what can be compared is checked here; a state without a readable config
+    is left to :meth:`~feather_sparse.Pruner.load_state_dict`, which names the problem.
+
+    Raises:
+        ValueError: naming the setting, both values and the fix.
+    """
+    saved = state.get("config")
+    if not isinstance(saved, Mapping):
+        return
+    mine = pruner.config()
+    for key in Pruner._MUST_MATCH:
+        if key not in saved or saved[key] == mine.get(key):
+            continue
+        if key == "total_steps":
+            if not pruner.pruner_config.needs_total_steps:
+                continue  # an N:M pattern from the first step: the length is not used
+            raise ValueError(
+                f"{owner}: the checkpoint's Pruner state was laid out on {saved[key]} optimizer "
+                f"steps, but this run has {mine.get(key)}: the sparsity schedule cannot continue "
+                "on another length; resume with the training length (epochs, max_steps) of the "
+                "run that wrote the checkpoint, or start a new run from its weights without "
+                "resuming"
+            )
+        if key == "targets" and isinstance(saved[key], (list, tuple)):
+            # lists of layer names: name the first that differs
+            theirs, ours = list(saved[key]), list(mine.get(key) or [])
+            at = next(
+                (i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b),
+                min(len(theirs), len(ours)),
+            )
+            was = f"{len(theirs)} layers ({theirs[at] if at < len(theirs) else 'none'} at {at})"
+            now = f"{len(ours)} ({ours[at] if at < len(ours) else 'none'} at {at})"
+        else:
+            was, now = repr(saved[key]), repr(mine.get(key))
+        raise ValueError(
+            f"{owner}: the checkpoint's Pruner state was saved with {key}={was}, but "
+            f"this callback has {key}={now}; make the callback with the settings of "
+            "the run that wrote the checkpoint, or start a new run from its weights without "
+            "resuming"
+        )
+
+
 class PrunerDriver:
     """Owns the Pruner a callback drives; framework-neutral.
 
@@ -219,6 +266,7 @@ class PrunerDriver:
         pending, self._pending = self._pending, None
         if pending is not None:
             try:
+                _check_resumable(self.owner, pruner, pending)
                 pruner.load_state_dict(pending)
             except Exception:
                 self.reset()  # leave the model as it was
