@@ -630,7 +630,9 @@ class ASLPlusBackbone(Backbone):
         with torch.no_grad():  # in place: the optimizer keeps the same Parameter objects
             for p, value in zip(self.r, r):
                 p.copy_(value)
-        self._sigma = [s.to(p.device) for s, p in zip(state["sigma"], self.r)]
+        # copies: not the caller's tensors (which may be inference tensors, from a
+        # torch.load in inference mode, and could not be saved for the backward)
+        self._sigma = [s.to(p.device, copy=True) for s, p in zip(state["sigma"], self.r)]
         self._target = float(state["target"])
         self._initialized = bool(state["initialized"])
 

@@ -25,6 +25,7 @@ types it returns: its settings and their checks are in
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import math
@@ -117,6 +118,19 @@ class FeatherParametrization(nn.Module):
         if isinstance(self.operator, ThresholdOperator):
             return self.operator(weight, self.threshold, self.theta, cache=self.cache)
         return self.operator(weight, self.threshold, self.theta)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
+        # ``model.half()``/``model.to(torch.bfloat16)`` after attaching converts every
+        # floating buffer; the threshold stays in the operator's compute dtype (float32
+        # for half weights), as when the Pruner is attached to a half model, without
+        # the round trip through the half type that would change its value.
+        before = self.threshold
+        module = super()._apply(fn, recurse)
+        after = self.threshold
+        dtype = compute_dtype(after.dtype)
+        if after.dtype != dtype:
+            self._buffers["threshold"] = before.to(device=after.device, dtype=dtype)
+        return module
 
     def extra_repr(self) -> str:
         return f"operator={self.operator!r}, theta={self.theta}"
@@ -490,7 +504,8 @@ class Pruner:
             check_finite=check_finite,
             pattern=pattern,
         )
-        self._attach(model, config, total_steps, process_group)
+        with _outside_inference_mode():
+            self._attach(model, config, total_steps, process_group)
 
     @classmethod
     def from_config(
@@ -513,7 +528,8 @@ class Pruner:
             ValueError: as the constructor does for the model and ``total_steps``.
         """
         pruner = cls.__new__(cls)
-        pruner._attach(model, config, total_steps, process_group)
+        with _outside_inference_mode():
+            pruner._attach(model, config, total_steps, process_group)
         return pruner
 
     def _attach(
@@ -900,7 +916,8 @@ class Pruner:
         """Recompute the thresholds now, at ``sparsity`` (default: the schedule's)."""
         self._check_attached("update()")
         s = self.scheduled_sparsity() if sparsity is None else check_sparsity(sparsity)
-        self._write_thresholds(self._compute_thresholds(s))
+        with _outside_inference_mode():
+            self._write_thresholds(self._compute_thresholds(s))
         self._current = s
 
     # --------------------------------------------------------- extra training terms
@@ -1171,8 +1188,10 @@ class Pruner:
             raise ValueError(
                 f"state holds {len(thresholds)} thresholds, this Pruner has {len(self.targets)}"
             )
-        self.backbone.load_state_dict(state["backbone"])  # may still refuse: nothing else set yet
-        self._write_thresholds([t.reshape(()) for t in thresholds])
+        with _outside_inference_mode():
+            # may still refuse: nothing else set yet
+            self.backbone.load_state_dict(state["backbone"])
+            self._write_thresholds([t.reshape(()) for t in thresholds])
         self._step = state["step"]
         self._current = float(state["current_sparsity"])
 
@@ -1326,6 +1345,20 @@ _STATE_CONFIG_KEYS = (
     "targets",
     "max_layer_sparsity",
 )
+
+
+def _outside_inference_mode() -> contextlib.AbstractContextManager[Any]:
+    """Leave ``torch.inference_mode``, where it is on, while the Pruner makes or writes the
+    tensors it keeps (thresholds, a backbone's state).
+
+    A tensor made in inference mode can neither be written in place outside it nor be
+    saved for the backward of a training forward, so a Pruner attached, stepped or loaded
+    inside an evaluation block would break the next training step. Checking costs
+    nanoseconds; entering the context (microseconds) only happens in inference mode.
+    """
+    if torch.is_inference_mode_enabled():
+        return torch.inference_mode(False)
+    return contextlib.nullcontext()
 
 
 #: ``torch._foreach_copy_`` (one call copying every layer's threshold), where this torch has it.
