@@ -376,3 +376,39 @@ def test_nm_refuses_a_reduction_dimension_not_a_multiple_of_m(
     assert not hasattr(model[0], "parametrizations")  # the model is left as it was
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key])
+
+
+@guard(
+    "a model moved to another device after its backbone froze a mask (Spartan's last 20 %, "
+    "one-shot N:M's fine-tuning)",
+    "the frozen masks follow each layer's weight to its device on the next forward (they are "
+    "the backbone's, not buffers of the model, and stayed behind)",
+)
+def test_frozen_masks_follow_the_model_to_another_device() -> None:
+    # The meta device stands in for a GPU here: a full-size mask left on the CPU
+    # cannot meet a weight on another device.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    pruner = fs.make_pruner(model, "spartan", sparsity=0.5, total_steps=5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(5):
+        model(torch.randn(4, 16)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        pruner.step()
+    assert pruner.backbone.frozen
+    model.to("meta")
+    out = model(torch.randn(4, 16, device="meta"))
+    out.sum().backward()
+    assert out.device.type == "meta"
+    assert all(m.device.type == "meta" for m in pruner.backbone._frozen_masks)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    pruner = fs.make_pruner(model, "oneshot-nm", pattern="2:4", total_steps=4, schedule="constant")
+    assert pruner.backbone._masks is not None
+    model.to("meta")
+    weight = pruner.targets[0].weight
+    keep = pruner.backbone.keep_mask(weight, pruner.thresholds()[0], 0)
+    assert keep.device.type == "meta" and pruner.backbone._masks[0].device.type == "meta"
+    assert pruner.backbone._masks[1].device.type == "cpu"  # moved when its own layer runs

@@ -218,6 +218,8 @@ class NMBackbone(Backbone):
                 f"N:M pruning applies the thresholding operators (feather, soft, hard), "
                 f"not {operator!r}"
             )
+        if self._masks is not None or self._beta is not None:
+            self._follow(index, weight.device)
         if self._orders and self._orders[index] != "flat":  # groups not runs of the storage
             grouped = nm_threshold(
                 self._grouped(index, weight),
@@ -232,6 +234,9 @@ class NMBackbone(Backbone):
             return self._ungrouped(index, grouped)
         fused = self._fused
         if fused is not None and self._masks is None and fused.usable(index, weight):
+            if self._beta is not None:  # the pass computes every small layer at once
+                for i in range(len(self._beta)):
+                    self._follow(i, weight.device)
             pre = fused.get(index, weight, threshold, operator.p, self._stored, self._beta)
             if pre is not None:
                 # small layers only: the join costs two passes over the weight and
@@ -264,6 +269,18 @@ class NMBackbone(Backbone):
             scale=None if self._beta is None else self._beta[index],
         )
 
+    def _follow(self, index: int, device: torch.device) -> None:
+        """Move layer ``index``'s kept state (its frozen mask, its β) to ``device``.
+
+        Thresholds are buffers of the model and move with it; this state is the
+        backbone's, so a model moved after attaching (``model.to("cuda")``) would
+        meet it on the old device. Checked per layer: a model split over devices
+        keeps each layer's state where its weight is.
+        """
+        for kept in (self._masks, self._beta):
+            if kept is not None and kept[index].device != device:
+                kept[index] = kept[index].to(device)
+
     def _stored(self) -> list[Tensor]:
         return [t.weight for t in self.targets]
 
@@ -291,6 +308,7 @@ class NMBackbone(Backbone):
     def keep_mask(self, weight: Tensor, threshold: Tensor, index: int = 0) -> Tensor:
         """Positions the forward keeps, shaped like ``weight`` (``N`` per group at ramp 1)."""
         if self._masks is not None:
+            self._follow(index, weight.device)
             return self._masks[index]
         grouped = self._grouped(index, weight)
         keep, t = nm_keep_mask(grouped, self.pattern)
