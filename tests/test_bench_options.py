@@ -21,6 +21,7 @@ from feather_sparse.bench.driver import plan_experiments
 from feather_sparse.bench.pages import _rebuild_command
 from feather_sparse.bench.suites import SUITES, Suite
 from feather_sparse.cli.bench import options_from_args
+from test_bench_audit import _count_trainings
 from test_bench_sweeps import SMALL, SMALL_FLAGS
 
 pytest.importorskip("matplotlib")
@@ -35,18 +36,6 @@ def _plan(name: str, *argv: str) -> set[tuple[str, float, int, str]]:
     opts = _opts(name, *argv)
     specs: list[RunSpec] = plan_experiments([name], opts)
     return {(s.group, s.x, s.seed, json.dumps(dict(s.settings), sort_keys=True)) for s in specs}
-
-
-def _no_training(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make every run fail at once; the list grows by one per training attempt."""
-    calls: list[int] = []
-
-    def failing(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(feather_sparse.train, "train", failing)
-    return calls
 
 
 # ------------------------------------------------------------- the grid options
@@ -103,7 +92,7 @@ def test_a_grid_flag_the_experiment_would_ignore_is_refused(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    calls = _no_training(monkeypatch)
+    calls = _count_trainings(monkeypatch)
     out = tmp_path / "out"
     code = cli.main(["bench", name, "--quick", *argv, "--jobs", "1", "--out", str(out)])
     err = capsys.readouterr().err
@@ -156,7 +145,7 @@ def test_the_suites_stability_page_stays_at_its_sparsity() -> None:
 def test_quick_with_a_suite_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    calls = _no_training(monkeypatch)
+    calls = _count_trainings(monkeypatch)
     out = tmp_path / "out"
     argv = ["bench", "compare", "--quick", "--suite", "paper-regime", "--methods", "GMP"]
     code = cli.main([*argv, "--jobs", "1", "--out", str(out), *SMALL_FLAGS])
@@ -173,7 +162,7 @@ def test_quick_with_a_suite_is_refused(
 def test_quick_with_several_seeds_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    calls = _no_training(monkeypatch)
+    calls = _count_trainings(monkeypatch)
     argv = ["bench", "theta", "--quick", "--seeds", "3,4", "--out", str(tmp_path)]
     assert cli.main([*argv, *SMALL_FLAGS]) == 1
     assert calls == []
@@ -203,7 +192,7 @@ def test_claims_refuses_the_flags_it_would_ignore(
 def test_empty_lists_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    calls = _no_training(monkeypatch)
+    calls = _count_trainings(monkeypatch)
     small = ["--quick", "--out", str(tmp_path), *SMALL_FLAGS]
     with pytest.raises(SystemExit):
         cli.main(["bench", "theta", "--thetas", ",", *small])
@@ -266,7 +255,7 @@ def test_bench_all_with_the_methods_of_one_experiment_is_refused(
 def test_a_session_stopped_by_an_error_is_logged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    calls = _no_training(monkeypatch)
+    calls = _count_trainings(monkeypatch)
     real = feather_sparse.bench.runner.write_sealed_json
     stored: list[int] = []
 
