@@ -241,3 +241,37 @@ def test_a_copy_of_the_model_outlives_the_end_of_the_pruner(end: str, pattern: s
     parametrize.remove_parametrizations(snapshot[0], "weight", leave_parametrized=True)
     assert type(snapshot[0]) is nn.Linear
     assert torch.equal(snapshot(x), expected)
+
+
+class _Wrapper(nn.Module):
+    """What DDP looks like to ``named_modules``: the model under ``module``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.module = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
+
+
+@guard(
+    "`Pruner.from_state_dict` with a state saved through a wrapper (`module.` names, as DDP "
+    "gives them) into the bare model, or the other way round",
+    "`ValueError` naming the saved layers and saying the names differ by the wrapper's "
+    "prefix, with the model to pass",
+)
+def test_from_state_dict_across_a_wrapper_names_the_prefix() -> None:
+    torch.manual_seed(0)
+    wrapped = fs.Pruner(_Wrapper(mlp()), 0.5, total_steps=3)
+    saved_wrapped = wrapped.state_dict()
+    wrapped.remove()
+    bare = fs.Pruner(mlp(), 0.5, total_steps=3)
+    saved_bare = bare.state_dict()
+    bare.remove()
+    with pytest.raises(ValueError, match=r"its names start with 'module\.'.*pass the same wrapper"):
+        fs.Pruner.from_state_dict(mlp(), saved_wrapped)
+    with pytest.raises(ValueError, match=r"the model given is a wrapper.*ddp\.module"):
+        fs.Pruner.from_state_dict(_Wrapper(mlp()), saved_bare)
+    with pytest.raises(ValueError) as unrelated:  # no prefix explains it: no hint
+        fs.Pruner.from_state_dict(nn.Sequential(nn.Linear(4, 4)), saved_bare)
+    assert "wrapper" not in str(unrelated.value)

@@ -30,7 +30,7 @@ import difflib
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -1271,8 +1271,26 @@ def _check_saved_layers(model: nn.Module, names: Sequence[str]) -> None:
     raise ValueError(
         f"this Pruner state was saved from a model with prunable layers {listed(names)}; "
         f"{lacks}: pass a model of the architecture the state was saved from (the same "
-        "layer names, as model.named_modules() gives them)"
+        "layer names, as model.named_modules() gives them)" + _wrapper_hint(modules, names)
     )
+
+
+def _wrapper_hint(modules: Mapping[str, nn.Module], names: Sequence[str]) -> str:
+    """Why saved layer names may differ by a wrapper's prefix (DDP's or ``torch.compile``'s
+    ``module.``/``_orig_mod.``), and the fix; empty when that is not the cause."""
+    for prefix in ("module.", "_orig_mod."):
+        if all(n.startswith(prefix) and n[len(prefix) :] in modules for n in names):
+            return (
+                f"; its names start with {prefix!r}: it was saved from a Pruner attached to a "
+                "wrapper (DDP, torch.compile); pass the same wrapper, or attach to the model "
+                "inside it when saving"
+            )
+        if all(prefix + n in modules for n in names):
+            return (
+                f"; the model given is a wrapper (its layers start with {prefix!r}): pass the "
+                "model inside it (ddp.module, compiled._orig_mod), as when the state was saved"
+            )
+    return ""
 
 
 def _check_state(state: Any) -> None:
