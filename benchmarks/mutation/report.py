@@ -1,0 +1,193 @@
+"""The tables of docs/mutation-audit.md from the harness's results (results/*.jsonl)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+LOC = {
+    "ops01": "`_block`",
+    "ops02": "`_block` (p = ∞)",
+    "ops03": "`_block` (p = 1)",
+    "ops04": "`_block` (p = 1)",
+    "ops05": "`_block`",
+    "ops06": "`_block` (Horner)",
+    "ops07": "`_block`",
+    "ops08": "`_block`",
+    "ops09": "`_block` (expm1 path)",
+    "ops10": "`_block`",
+    "ops11": "`compute_dtype`",
+    "ops12": "`_ThresholdSTE.backward`",
+    "ops13": "`_factor_into`",
+    "ops14": "`_factor_into`",
+    "ops15": "`_factor_into`",
+    "ops16": "`_grad_factor`",
+    "ops17": "`_ThresholdSTE.backward`",
+    "ops18": "`_forward` (blockwise)",
+    "ops19": "`_scaled_grad`",
+    "ops20": "`_unreferenced`",
+    "ops21": "`OutputCache.get`",
+    "ops22": "`threshold`",
+    "ops23": "`_ThresholdSTE.setup_context`",
+    "ops24": "`_forward` (blockwise)",
+    "ops25": "`_forward`",
+    "nm01": "`_keys`",
+    "nm02": "`_keys` (float64)",
+    "nm03": "`_keys` (float32)",
+    "nm04": "`nm_keep_mask`",
+    "nm05": "`nm_keep_mask`",
+    "nm06": "`_kth_of_four`",
+    "nm07": "`_kth_of_four`",
+    "nm08": "`_kth_of_four`",
+    "nm09": "`_kth_smallest`",
+    "nm10": "`_kth_smallest`",
+    "nm11": "`group_thresholds`",
+    "nm12": "`group_thresholds`",
+    "nm13": "`_nm_forward` (hard)",
+    "nm14": "`_nm_forward` (hard)",
+    "nm15": "`_nm_forward` (finite p)",
+    "nm16": "`_nm_forward` (mask)",
+    "nm17": "`_threshold_blocks`",
+    "nm18": "`_NMThresholdSTE.backward`",
+    "nm19": "`_NMThresholdSTE.backward`",
+    "nm20": "`_NMThresholdSTE.backward`",
+    "nm21": "`_NMThresholdSTE.backward`",
+    "nm22": "`_NMThresholdSTE.backward`",
+    "nm23": "`_NMThresholdSTE.backward`",
+    "nm24": "`_nm_forward`",
+    "nm25": "`_threshold_blocks`",
+    "sel01": "`_window_pass`",
+    "sel02": "`_window_pass`",
+    "sel03": "`select_threshold`",
+    "sel04": "`_select`",
+    "sel05": "`_select`",
+    "sel06": "`_select` (histogram)",
+    "sel07": "`_select` (histogram)",
+    "sel08": "`_select`",
+    "sel09": "`_select`",
+    "sel10": "`_select`",
+    "sel11": "`_work_dtype`",
+    "sel12": "`_magnitudes`",
+    "sel13": "`_chunks`",
+    "sel14": "`_select_masked`",
+    "sel15": "`_window_pass`",
+    "sel16": "`_per_tensor_max`",
+    "sel17": "`_histogram`",
+    "sel18": "`_select`",
+    "sel19": "`_select`",
+    "sel20": "`_select`",
+    "sel21": "`_split_evenly`",
+    "sel22": "`_sample_window`",
+    "sel23": "`_select` (hint)",
+    "sel24": "`_window_pass`",
+    "cod01": "`_encode_gaps`",
+    "cod02": "`_encode_gaps`",
+    "cod03": "`_decode_gaps`",
+    "cod04": "`_decode_gaps`",
+    "cod05": "`_decode_gaps`",
+    "cod06": "`_decode_gaps`",
+    "cod07": "`_decode_bitmask`",
+    "cod08": "`_decode_bitmask`",
+    "cod09": "`_encode_pattern`",
+    "cod10": "`_encode_pattern`",
+    "cod11": "`_encode_values`",
+    "cod12": "`_encode_values`",
+    "cod13": "`_decode_values`",
+    "cod14": "`_decode_values`",
+    "cod15": "`_nm_candidates`",
+    "cod16": "`_nm_candidates`",
+    "cod17": "`_nm_indices_length`",
+    "cod18": "`_encode_nm`",
+    "cod19": "`_decode_nm`",
+    "cod20": "`_decode_nm`",
+    "cod21": "`_from_bytes`",
+    "cod22": "`_lzma_decompress`",
+    "cod23": "`_decode_bitmask`",
+    "cod24": "`_decode_values`",
+    "cod25": "`_decode_values`",
+}
+EQUIV = {
+    "ops13": "equivalent: with `a = sign(|w| − T) ∈ {−1, 0, 1}` and θ ∈ [0, 1], `θ + a` and `θ + 2a` clamp to the same θ, θ, 1",
+    "ops16": "equivalent: `_grad_factor` runs under `@torch.no_grad()` and only reads `w`",
+    "sel18": "equivalent in results: the window stays `(lo, hi]` with the answer inside (only wider), so the next pass still finds it; at most one extra pass",
+    "sel19": "equivalent in results: as sel18, on the other side",
+    "sel22": 'equivalent in results: the first window only places the search ("affects speed only")',
+    "sel23": "equivalent: every comparison casts the Python-float bound to the working dtype anyway (`torch.le(float32, 0.1)` compares with float32(0.1)), and `_split_evenly` rounds it the same way",
+    "sel24": "equivalent in results: a window of exactly `cap` magnitudes is histogrammed instead of gathered, then narrowed",
+    "cod19": "equivalent: `decode_nm` checks sizes and positions and raises `ValueError` itself; 20,000 fuzzed corrupt inputs gave no `IndexError`",
+}
+
+
+def load(name):
+    s = importlib.util.spec_from_file_location(name, str(HERE / f"{name}.py"))
+    m = importlib.util.module_from_spec(s)
+    s.loader.exec_module(m)
+    return m
+
+
+def res(path):
+    out = {}
+    try:
+        for line in Path(path).read_text().splitlines():
+            r = json.loads(line)
+            out[r["id"]] = r
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def short(by):
+    if by == "timeout":
+        return "timeout (the test run hangs)"
+    return "`" + by.replace("tests/", "").split("[")[0] + "`"
+
+
+tot = dict(n=0, before=0, after=0, eq=0)
+for key, title in (
+    ("ops", "`src/feather_sparse/ops.py`"),
+    ("nm", "`src/feather_sparse/nm/operator.py`"),
+    ("sel", "`src/feather_sparse/selection.py`"),
+    ("codec", "`src/feather_sparse/export/codec.py`"),
+):
+    mod = load("m_" + key)
+    before = res(HERE / "results" / f"results_{key}.jsonl")
+    after = res(HERE / "results" / f"after_{key}.jsonl")
+    print(
+        f"### {title}\n\nTests run: "
+        + ", ".join(f"`{t.replace('tests/', '')}`" for t in mod.TESTS)
+        + ".\n"
+    )
+    print("| id | mutation | location | before | after (test added) |\n|---|---|---|---|---|")
+    n = kb = ka = eq = 0
+    for m in mod.MUTATIONS:
+        r = before[m["id"]]
+        n += 1
+        desc = m["desc"].replace("|", "\\|").replace("*", "·")
+        if r["status"] == "killed":
+            kb += 1
+            ka += 1
+            b = "killed by " + short(r["by"])
+            a = "—"
+        else:
+            b = "survived"
+            if m["id"] in EQUIV:
+                eq += 1
+                a = EQUIV[m["id"]]
+            else:
+                ar = after.get(m["id"])
+                if ar and ar["status"] == "killed":
+                    ka += 1
+                    a = "killed by " + short(ar["by"])
+                else:
+                    a = "**survived**" if ar else "(not rerun)"
+        print(f"| {m['id']} | {desc} | {LOC[m['id']]} | {b} | {a} |")
+    print(
+        f"\nKilled before: {kb}/{n} ({100 * kb / n:.0f} %), {kb}/{n - eq} of the non-equivalent ({100 * kb / (n - eq):.0f} %). "
+        f"After: {ka}/{n - eq} of the non-equivalent ({100 * ka / (n - eq):.0f} %); {eq} judged equivalent.\n"
+    )
+    tot["n"] += n
+    tot["before"] += kb
+    tot["after"] += ka
+    tot["eq"] += eq
+print(tot)
