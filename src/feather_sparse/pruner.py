@@ -603,7 +603,6 @@ class Pruner:
         #: Other layers holding a target's weight (tied weights), with the target's index.
         self.tied = tied
         self._step = 0
-        self._finished = False
         self._ended: _Ended | None = None  # set by finalize() or remove()
         self._warned_collapse: set[str] = set()
         _check_backbone_free(self.backbone)
@@ -740,9 +739,10 @@ class Pruner:
     def _recorded(self, values: tuple[Any, ...] | None) -> tuple[Any, ...]:
         """A record of the final state (see :class:`_Ended`), or the error saying it is missing."""
         if values is None:
+            assert self._ended is not None
             raise RuntimeError(
-                "this Pruner was removed before it could measure its pruned weights, so it has "
-                "no report; thresholds() and config() still give its settings"
+                f"this Pruner was {self._ended.how} before it could measure its pruned weights, "
+                "so it has no report; thresholds() and config() still give its settings"
             )
         return values
 
@@ -987,7 +987,7 @@ class Pruner:
                 weight.data = weight.data.clone()
             if layout is not None and not weight.is_contiguous(memory_format=layout):
                 weight.data = weight.data.contiguous(memory_format=layout)  # e.g. channels_last
-        self._finished = True
+        self._ended = _Ended("finalized", thresholds, shown, None)  # baked: prunes no more
         self.backbone.release()
         weights, group = self._local_weights()
         counts = torch.stack([torch.count_nonzero(w == 0) for w in weights])
@@ -1032,7 +1032,6 @@ class Pruner:
             logger.debug("remove: the pruned state could not be measured", exc_info=True)
         for t in self.parametrized_layers():
             _unparametrize(t.module, leave_parametrized=False)
-        self._finished = True
         self._ended = _Ended("removed", thresholds, shown, zeros)
         self.backbone.release()
 

@@ -57,7 +57,7 @@ class FeatherSparsifier:
             RuntimeError: when this sparsifier is prepared already (``squash_mask()``
                 first): a second Pruner would leave the first one's layers behind.
         """
-        if self.pruner is not None and not self.pruner._finished:
+        if self.pruner is not None and self.pruner._ended is None:
             raise RuntimeError(
                 "this FeatherSparsifier is prepared already; call squash_mask() before "
                 "preparing it again, or use a new one"
