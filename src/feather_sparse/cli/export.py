@@ -11,7 +11,7 @@ from torch import nn
 
 from feather_sparse import models
 from feather_sparse.export.codec import _VALUE_DTYPES
-from feather_sparse.export.files import SUFFIXES, check_writable, sniff
+from feather_sparse.export.files import SUFFIXES, check_writable
 from feather_sparse.export.fsp import inspect_sparse, save_sparse
 from feather_sparse.export.header import (
     MODEL_SPEC_ATTR,
@@ -21,6 +21,7 @@ from feather_sparse.export.header import (
 )
 from feather_sparse.export.onnx import check_example_input, export_onnx, onnx_opset, verify_onnx
 from feather_sparse.export.run import (
+    NO_ARCHITECTURE,
     NoModelSpecError,
     PatternSparsityError,
     load_export_source,
@@ -99,8 +100,7 @@ def _same_file(a: Path, b: Path) -> bool:
 def _onnx_needs_a_model(path: Path, with_output: bool) -> str:
     """Why a ``.fsp`` without a model spec has no ONNX export here, and what to do instead."""
     message = (
-        f"{path} holds no model architecture (no create_model spec: it was saved from a model "
-        "feather-sparse did not build, or one changed since), and ONNX needs the model itself; "
+        f"{path} {NO_ARCHITECTURE}, and ONNX needs the model itself; "
         "in Python, load the weights into the model they were saved from and export that: "
         "model = feather_sparse.load_sparse(path, model), then "
         "feather_sparse.export_onnx(model, 'model.onnx', example_input)"
@@ -108,17 +108,6 @@ def _onnx_needs_a_model(path: Path, with_output: bool) -> str:
     if with_output:
         message += "; drop --onnx to write the .fsp alone (its tensors need no model)"
     return message
-
-
-def _values(given: str | None, source: Path) -> str:
-    """``--values``, or by default the source's own: a ``.fsp``'s precision, fp32 otherwise.
-
-    Re-exporting an fp16 ``.fsp`` keeps it fp16 (at fp32 the file would grow,
-    its values already rounded); a training checkpoint is exported losslessly.
-    """
-    if given is not None:
-        return given
-    return inspect_sparse(source).values if sniff(source) == "safetensors" else "fp32"
 
 
 def _warn_of_name(target: Path, kind: str) -> None:
@@ -199,7 +188,7 @@ def run(command: str, args: argparse.Namespace) -> int:
         # A weight format needs no architecture: the tensors are written again as they are.
         if args.onnx is not None:
             raise ValueError(_onnx_needs_a_model(err.path, args.output is not None)) from None
-        info = reencode_sparse(err.path, args.output, values=_values(args.values, err.path))
+        info = reencode_sparse(err.path, args.output, values=args.values)
         _print_written(info)
         sys.stdout.flush()
         return 0
@@ -224,7 +213,7 @@ def run(command: str, args: argparse.Namespace) -> int:
             save_sparse(
                 model,
                 args.output,
-                values=_values(args.values, source.path),
+                values=args.values or source.values,
                 metadata=source.metadata,
             )
         )

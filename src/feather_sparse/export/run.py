@@ -117,6 +117,9 @@ class ExportSource:
             (``None`` when nothing was baked).
         target: the run's final target sparsity (``None`` without a Pruner).
         warning: one line the user must see, or ``None``.
+        values: the precision to store its non-zeros at unless told otherwise:
+            a ``.fsp``'s own (at fp32 a re-export of an fp16 file would only
+            grow), ``"fp32"`` (lossless) for a training checkpoint.
     """
 
     model: nn.Module
@@ -130,6 +133,7 @@ class ExportSource:
     sparsity: float | None = None
     target: float | None = None
     warning: str | None = None
+    values: str = "fp32"
 
 
 def _check_training_checkpoint(path: Path, ckpt: dict[str, Any]) -> None:
@@ -271,6 +275,13 @@ def _check_pattern_sparsity(path: Path, pruner: Pruner, sparsity: float) -> None
         )
 
 
+#: Why a ``.fsp`` without a model spec cannot give back its model (what it lacks, and why).
+NO_ARCHITECTURE = (
+    "holds no model architecture (no create_model spec: it was saved from a model "
+    "feather-sparse did not build, or one changed since)"
+)
+
+
 class NoModelSpecError(ValueError):
     """A ``.fsp`` that names no model (no ``create_model`` spec), so none can be rebuilt.
 
@@ -283,8 +294,7 @@ class NoModelSpecError(ValueError):
 
     def __init__(self, path: Path) -> None:
         super().__init__(
-            f"{path} holds no model architecture (no create_model spec: it was saved from a "
-            "model feather-sparse did not build, or one changed since), so the model cannot be "
+            f"{path} {NO_ARCHITECTURE}, so the model cannot be "
             "rebuilt from the file alone; in Python, load it into the model it was saved "
             "from: feather_sparse.load_sparse(path, model), then save_sparse(model, ...) or "
             "export_onnx(model, ...); feather_sparse.export.reencode_sparse(path, output) "
@@ -399,7 +409,9 @@ def load_export_source(source: Path, sparsity: float | None = None) -> ExportSou
         if not _has_spec(info):
             raise NoModelSpecError(path)
         model = load_sparse(path)
-        return ExportSource(model=model.eval(), metadata=dict(info.metadata), path=path)
+        return ExportSource(
+            model=model.eval(), metadata=dict(info.metadata), path=path, values=info.values
+        )
     raise ValueError(
         f"{path} is not a feather-sparse file: neither a sparse checkpoint (.fsp) nor a "
         "training checkpoint (.pt); it is damaged or another kind of file"
