@@ -278,6 +278,21 @@ class GlobalBackbone(Backbone):
         return out
 
 
+def on_device(kept: list[Tensor], index: int, device: torch.device) -> Tensor:
+    """``kept[index]`` on ``device``, moved there (and stored so) when it is elsewhere.
+
+    A backbone's own per-layer state (a frozen mask, a rescale factor) is not a
+    buffer of the model, so a model moved after attaching (``model.to("cuda")``)
+    would meet it on the old device; the forward passes its weight's device
+    here. Per layer: a model split over devices keeps each layer's state where
+    its weight is.
+    """
+    value = kept[index]
+    if value.device != device:
+        value = kept[index] = value.to(device)
+    return value
+
+
 def allocate(shares: Sequence[float], sizes: Sequence[int], total: int) -> list[int]:
     """Split ``total`` pruned weights among tensors in proportion to ``shares``, exactly.
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget, _WarmStart
+from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget, _WarmStart, on_device
 from feather_sparse.ops import OPERATORS, Operator, compute_dtype
 from feather_sparse.selection import select_threshold
 
@@ -483,7 +483,7 @@ class SpartanBackbone(Backbone):
         self, index: int, weight: Tensor, threshold: Tensor, operator: Operator, theta: float
     ) -> Tensor:
         if self.frozen:
-            return weight * self._frozen_mask(index, weight.device)
+            return weight * on_device(self._frozen_masks, index, weight.device)
         keep = weight.abs() > threshold
         x = weight if self._masks is None else weight * self._masks[index].to(weight.dtype)
         out: Tensor = _HardMaskSTE.apply(x, keep)
@@ -491,16 +491,8 @@ class SpartanBackbone(Backbone):
 
     def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
         if self.frozen:
-            return self._frozen_mask(index, weight.device) == 0
+            return on_device(self._frozen_masks, index, weight.device) == 0
         return weight.abs() <= threshold
-
-    def _frozen_mask(self, index: int, device: torch.device) -> Tensor:
-        """Layer ``index``'s frozen mask on ``device``, moved there (once) when the model
-        moved after the mask was frozen: it is the backbone's, not a buffer of the model."""
-        mask = self._frozen_masks[index]
-        if mask.device != device:
-            mask = self._frozen_masks[index] = mask.to(device)
-        return mask
 
     def state_dict(self) -> dict[str, Any]:
         return {

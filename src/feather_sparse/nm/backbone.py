@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget
+from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget, on_device
 from feather_sparse.distributed import dtensor_type
 from feather_sparse.nm import fused as _fused
 from feather_sparse.nm.fused import FusedNMForward
@@ -270,16 +270,11 @@ class NMBackbone(Backbone):
         )
 
     def _follow(self, index: int, device: torch.device) -> None:
-        """Move layer ``index``'s kept state (its frozen mask, its β) to ``device``.
-
-        Thresholds are buffers of the model and move with it; this state is the
-        backbone's, so a model moved after attaching (``model.to("cuda")``) would
-        meet it on the old device. Checked per layer: a model split over devices
-        keeps each layer's state where its weight is.
-        """
+        """Layer ``index``'s kept state (its frozen mask, its β) on ``device`` (see
+        :func:`~feather_sparse.backbones.on_device`)."""
         for kept in (self._masks, self._beta):
-            if kept is not None and kept[index].device != device:
-                kept[index] = kept[index].to(device)
+            if kept is not None:
+                on_device(kept, index, device)
 
     def _stored(self) -> list[Tensor]:
         return [t.weight for t in self.targets]
