@@ -218,8 +218,9 @@ class NMBackbone(Backbone):
                 f"N:M pruning applies the thresholding operators (feather, soft, hard), "
                 f"not {operator!r}"
             )
-        if self._masks is not None or self._beta is not None:
-            self._follow(index, weight.device)
+        moved = (self._masks is not None or self._beta is not None) and self._follow(
+            index, weight.device
+        )
         if self._orders and self._orders[index] != "flat":  # groups not runs of the storage
             grouped = nm_threshold(
                 self._grouped(index, weight),
@@ -234,9 +235,9 @@ class NMBackbone(Backbone):
             return self._ungrouped(index, grouped)
         fused = self._fused
         if fused is not None and self._masks is None and fused.usable(index, weight):
-            if self._beta is not None:  # the pass computes every small layer at once
+            if moved and self._beta is not None:  # the pass computes every small layer at once
                 for i in range(len(self._beta)):
-                    self._follow(i, weight.device)
+                    on_device(self._beta, i, weight.device)
             pre = fused.get(index, weight, threshold, operator.p, self._stored, self._beta)
             if pre is not None:
                 # small layers only: the join costs two passes over the weight and
@@ -269,12 +270,15 @@ class NMBackbone(Backbone):
             scale=None if self._beta is None else self._beta[index],
         )
 
-    def _follow(self, index: int, device: torch.device) -> None:
+    def _follow(self, index: int, device: torch.device) -> bool:
         """Layer ``index``'s kept state (its frozen mask, its β) on ``device`` (see
-        :func:`~feather_sparse.backbones.on_device`)."""
+        :func:`~feather_sparse.backbones.on_device`); whether any of it had to move."""
+        moved = False
         for kept in (self._masks, self._beta):
-            if kept is not None:
+            if kept is not None and kept[index].device != device:
                 on_device(kept, index, device)
+                moved = True
+        return moved
 
     def _stored(self) -> list[Tensor]:
         return [t.weight for t in self.targets]
