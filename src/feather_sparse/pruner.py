@@ -1163,6 +1163,18 @@ class Pruner:
         "targets",
     )
 
+    def _differing_settings(self, saved: Mapping[str, Any]) -> list[str]:
+        """The fields of :attr:`_MUST_MATCH` on which a saved config differs from this
+        Pruner's, in that order (``total_steps`` only where the schedule uses it: not
+        for an N:M pattern from the first step)."""
+        mine = self.config()
+        return [
+            key
+            for key in self._MUST_MATCH
+            if (key != "total_steps" or self.pruner_config.needs_total_steps)
+            and saved.get(key) != mine.get(key)
+        ]
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output; the next step continues identically.
 
@@ -1173,15 +1185,14 @@ class Pruner:
         self._check_attached("load_state_dict()")
         _check_state(state)  # the whole layout, before anything is applied
         saved, mine = state["config"], self.config()
-        for key in self._MUST_MATCH:
-            if key == "total_steps" and not self.pruner_config.needs_total_steps:
-                continue  # an N:M pattern from the first step: the length is not used
-            if saved.get(key) != mine.get(key):
-                raise ValueError(
-                    f"Pruner state was saved with {key}={saved.get(key)!r}, but this Pruner has "
-                    f"{key}={mine.get(key)!r}; construct the Pruner with the saved settings "
-                    "(Pruner.from_state_dict does this)"
-                )
+        differing = self._differing_settings(saved)
+        if differing:
+            key = differing[0]
+            raise ValueError(
+                f"Pruner state was saved with {key}={saved.get(key)!r}, but this Pruner has "
+                f"{key}={mine.get(key)!r}; construct the Pruner with the saved settings "
+                "(Pruner.from_state_dict does this)"
+            )
         thresholds = state["thresholds"]
         if len(thresholds) != len(self.targets):
             raise ValueError(

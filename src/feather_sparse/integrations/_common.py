@@ -142,36 +142,35 @@ def _check_resumable(owner: str, pruner: Pruner, state: Mapping[str, Any]) -> No
     if not isinstance(saved, Mapping):
         return
     mine = pruner.config()
-    for key in Pruner._MUST_MATCH:
-        if key not in saved or saved[key] == mine.get(key):
-            continue
-        if key == "total_steps":
-            if not pruner.pruner_config.needs_total_steps:
-                continue  # an N:M pattern from the first step: the length is not used
-            raise ValueError(
-                f"{owner}: the checkpoint's Pruner state was laid out on {saved[key]} optimizer "
-                f"steps, but this run has {mine.get(key)}: the sparsity schedule cannot continue "
-                "on another length; resume with the training length (epochs, max_steps) of the "
-                "run that wrote the checkpoint, or start a new run from its weights without "
-                "resuming"
-            )
-        if key == "targets" and isinstance(saved[key], (list, tuple)):
-            # lists of layer names: name the first that differs
-            theirs, ours = list(saved[key]), list(mine.get(key) or [])
-            at = next(
-                (i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b),
-                min(len(theirs), len(ours)),
-            )
-            was = f"{len(theirs)} layers ({theirs[at] if at < len(theirs) else 'none'} at {at})"
-            now = f"{len(ours)} ({ours[at] if at < len(ours) else 'none'} at {at})"
-        else:
-            was, now = repr(saved[key]), repr(mine.get(key))
+    differing = [k for k in pruner._differing_settings(saved) if k in saved]
+    if not differing:
+        return
+    key = differing[0]
+    if key == "total_steps":
         raise ValueError(
-            f"{owner}: the checkpoint's Pruner state was saved with {key}={was}, but "
-            f"this callback has {key}={now}; make the callback with the settings of "
-            "the run that wrote the checkpoint, or start a new run from its weights without "
+            f"{owner}: the checkpoint's Pruner state was laid out on {saved[key]} optimizer "
+            f"steps, but this run has {mine.get(key)}: the sparsity schedule cannot continue "
+            "on another length; resume with the training length (epochs, max_steps) of the "
+            "run that wrote the checkpoint, or start a new run from its weights without "
             "resuming"
         )
+    if key == "targets" and isinstance(saved[key], (list, tuple)):
+        # lists of layer names: name the first that differs
+        theirs, ours = list(saved[key]), list(mine.get(key) or [])
+        at = next(
+            (i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b),
+            min(len(theirs), len(ours)),
+        )
+        was = f"{len(theirs)} layers ({theirs[at] if at < len(theirs) else 'none'} at {at})"
+        now = f"{len(ours)} ({ours[at] if at < len(ours) else 'none'} at {at})"
+    else:
+        was, now = repr(saved[key]), repr(mine.get(key))
+    raise ValueError(
+        f"{owner}: the checkpoint's Pruner state was saved with {key}={was}, but "
+        f"this callback has {key}={now}; make the callback with the settings of "
+        "the run that wrote the checkpoint, or start a new run from its weights without "
+        "resuming"
+    )
 
 
 class PrunerDriver:
