@@ -103,6 +103,12 @@ def _set_rng_state(state: dict[str, Any]) -> None:
             )
 
 
+def _contradictions(saved: TrainConfig, other: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """The fields on which ``other`` contradicts the checkpoint's config ``saved`` (all
+    but :data:`RESUME_FREE_FIELDS`, which a resume may change): ``(saved's, other's)``."""
+    return {k: v for k, v in saved.diff(other).items() if k not in RESUME_FREE_FIELDS}
+
+
 def _check_resume(
     config: TrainConfig,
     saved: TrainConfig,
@@ -120,7 +126,7 @@ def _check_resume(
             not on overrides the user never typed.
         overrides: the fields the user set on the command line.
     """
-    diff = {k: v for k, v in saved.diff(config).items() if k not in RESUME_FREE_FIELDS}
+    diff = _contradictions(saved, config)
     if not diff:
         return
     if recipe is None:
@@ -164,12 +170,12 @@ def _check_same_run(run_dir: Path, latest: LatestCheckpoint, recorded: TrainConf
     if recorded is None:
         return
     saved = TrainConfig.from_record(latest.state["config"])
-    diff = {k: v for k, v in recorded.diff(saved).items() if k not in RESUME_FREE_FIELDS}
+    diff = _contradictions(saved, recorded)
     if not diff:
         return
     parts = [
         f"{k}={theirs!r} in the checkpoint but {ours!r} in config.json"
-        for k, (ours, theirs) in diff.items()
+        for k, (theirs, ours) in diff.items()
     ]
     raise ValueError(
         f"cannot resume {run_dir}: its checkpoint {latest.path} belongs to another run than "
