@@ -233,10 +233,12 @@ def test_the_pruner_reports_the_finalized_module_after_training(runs: Runs) -> N
         run.callback.pruner.step()
 
 
-def bare_trainer(callbacks: list[Any]) -> Any:
+def bare_trainer(callbacks: list[Any], accumulate: int = ACCUMULATION) -> Any:
+    """A Trainer without logger or checkpoints; ``accumulate=1`` for manual optimization,
+    which refuses ``accumulate_grad_batches``."""
     return pl.Trainer(
         max_epochs=EPOCHS,
-        accumulate_grad_batches=ACCUMULATION,
+        accumulate_grad_batches=accumulate,
         accelerator="cpu",
         logger=False,
         enable_checkpointing=False,
@@ -352,19 +354,6 @@ class ManualNet(pl.LightningModule):
         if any(str(k).startswith("feather/") for k in dictionary):
             self.feather_logs.append(self.trainer.global_step)
         super().log_dict(dictionary, *args, **kwargs)
-
-
-def manual_bare_trainer(callbacks: list[Any]) -> Any:
-    """``bare_trainer`` without ``accumulate_grad_batches`` (refused with manual optimization)."""
-    return pl.Trainer(
-        max_epochs=EPOCHS,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        callbacks=callbacks,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
 
 
 @dataclass
@@ -484,7 +473,7 @@ def test_manual_resume_from_another_step_is_refused(gan_full: ManualFit, tmp_pat
     torch.save(checkpoint, other)
     module = ManualNet("gan")
     callback = FeatherCallback(SPARSITY, exclude=["disc.2"], schedule=RAMP)
-    trainer = manual_bare_trainer([callback])
+    trainer = bare_trainer([callback], accumulate=1)
     with pytest.raises(ValueError, match=r"saved at trainer step 14 but the Trainer resumes at 16"):
         trainer.fit(module, loader(), ckpt_path=str(other))
     assert callback.pruner is None
@@ -538,7 +527,7 @@ def test_manual_accumulation_without_total_steps_is_refused(tmp_path: Path) -> N
     module = ManualNet("accumulate")
     before = {k: v.clone() for k, v in module.state_dict().items()}
     callback = FeatherCallback(SPARSITY, exclude=["disc.2"], schedule=RAMP)
-    trainer = manual_bare_trainer([callback])
+    trainer = bare_trainer([callback], accumulate=1)
     with pytest.raises(ValueError, match=r"batch 0 .* without an optimizer step.*total_steps=N"):
         trainer.fit(module, loader())
     assert callback.pruner is None
