@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from feather_sparse import distributed
+from feather_sparse import distributed, plain_keys
 from feather_sparse._version import __version__
 from feather_sparse.backbones import (
     BACKBONES,
@@ -215,7 +215,7 @@ def _matches(name: str, patterns: Iterable[str], children: bool) -> bool:
     return False
 
 
-def _unparametrize(module: nn.Module, leave_parametrized: bool) -> None:
+def _unparametrize(module: nn.Module, leave_parametrized: bool, order: Sequence[str] = ()) -> None:
     """Remove the parametrization of ``module.weight`` without breaking copies of the module.
 
     ``torch.nn.utils.parametrize`` gives a parametrized module a class of its
@@ -223,11 +223,23 @@ def _unparametrize(module: nn.Module, leave_parametrized: bool) -> None:
     ``copy.deepcopy`` of the module (an EMA model, a best-so-far snapshot)
     shares the class, so it would lose its ``weight``. The module is first
     moved to a private copy of the class, so that removal touches only it.
+
+    Removal registers ``weight`` again after the module's other parameters;
+    ``order`` (the parameter names before the module was parametrized) puts it
+    back in its place, so that ``module.parameters()`` and ``state_dict()``
+    list them as the plain module did (an optimizer built or loaded later
+    pairs them up by that order).
     """
     cls = type(module)
     own = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
     module.__class__ = type(cls.__name__, cls.__bases__, own)
     parametrize.remove_parametrizations(module, "weight", leave_parametrized=leave_parametrized)
+    params = module._parameters
+    ranked = sorted(params, key=lambda k: order.index(k) if k in order else len(order))
+    if list(params) != ranked:
+        entries = dict(params)
+        params.clear()
+        params.update((k, entries[k]) for k in ranked)
 
 
 def _check_backbone_free(backbone: Backbone) -> None:
@@ -614,6 +626,10 @@ class Pruner:
         thresholds = self._compute_thresholds(self.scheduled_sparsity(0))
         # Route the forward through the backbone only when it changes it.
         hook = self.backbone if _overrides(self.backbone, "forward_weight") else None
+        # each layer's parameter names before parametrize removes ``weight`` from them
+        layouts = {
+            id(t.module): list(t.module._parameters) for t in [*targets, *(a for a, _ in tied)]
+        }
         attached: list[PruneTarget] = []
         try:
             params = []
@@ -632,10 +648,14 @@ class Pruner:
                 attached.append(alias)
         except Exception:
             for t in attached:  # leave the model as we found it
-                _unparametrize(t.module, leave_parametrized=False)
+                _unparametrize(t.module, False, layouts[id(t.module)])
             distributed.reconnect_ddp(ddp_indices, [t.weight for t in attached])
             raise
         distributed.reconnect_ddp(ddp_indices, [t.weight for t in targets])
+        #: Plain ``<layer>.weight`` keys in the model's state_dict while attached.
+        self._key_hooks = plain_keys.install([(t.module, layouts[id(t.module)]) for t in attached])
+        #: Each parametrized layer's parameter names before it was parametrized.
+        self._layouts = layouts
         self._current = self.scheduled_sparsity(0)
         logger.info(
             "%s attached to %d tensors (%s weights)%s, target sparsity %.4g, theta %.3g",
@@ -972,13 +992,14 @@ class Pruner:
         # The report's thresholds, while the dense weights they are measured on are there.
         thresholds = tuple(t.detach().clone() for t in self._buffers())
         shown = tuple(self._shown_thresholds())
+        self._release_keys()
         # A tied layer lets go of the shared weight first; its target then bakes
         # P_T(w) into that one tensor, in place, once.
         for alias, _ in self.tied:
-            _unparametrize(alias.module, leave_parametrized=False)
+            _unparametrize(alias.module, False, self._layouts[id(alias.module)])
         for t in self.targets:
             layout = _memory_format(t.weight)  # the stored weight's, before baking
-            _unparametrize(t.module, leave_parametrized=True)
+            _unparametrize(t.module, True, self._layouts[id(t.module)])
             # The N:M pass of small layers computes them into one buffer, and the
             # baked weight is a view of it: give each weight storage of its own, so
             # that saving or moving one layer carries that layer alone.
@@ -1030,10 +1051,17 @@ class Pruner:
             shown, zeros = tuple(self._shown_thresholds()), tuple(self._layer_zeros())
         except Exception:  # e.g. a backbone left half-loaded by a refused state
             logger.debug("remove: the pruned state could not be measured", exc_info=True)
+        self._release_keys()
         for t in self.parametrized_layers():
-            _unparametrize(t.module, leave_parametrized=False)
+            _unparametrize(t.module, False, self._layouts[id(t.module)])
         self._ended = _Ended("removed", thresholds, shown, zeros)
         self.backbone.release()
+
+    def _release_keys(self) -> None:
+        """Take the plain-key ``state_dict`` hooks off the layers (before they go plain)."""
+        for handle in self._key_hooks:
+            handle.remove()
+        self._key_hooks = []
 
     def _check_attached(self, call: str, hint: str = "") -> None:
         """Raise when the Pruner no longer drives the model: ``call`` changes or saves it.
@@ -1061,6 +1089,10 @@ class Pruner:
     def dense_state_dict(self, pruned: bool = False, full: bool = False) -> dict[str, Tensor]:
         """The model's ``state_dict`` with plain keys (``conv.weight``), for the dense model.
 
+        While the Pruner is attached, ``model.state_dict()`` itself has the
+        plain keys (module :mod:`~feather_sparse.plain_keys`), so with the
+        defaults this is that dictionary; ``pruned`` and ``full`` change values.
+
         Args:
             pruned: False gives the stored dense weights (what training
                 continues from); True gives ``P_T(w)``, what the forward uses now,
@@ -1078,28 +1110,18 @@ class Pruner:
         self._check_attached(
             "dense_state_dict()", "The model's own state_dict() now holds its plain weights"
         )
-        # Every name of every parametrized module: state_dict lists a module
-        # registered under two names twice (named_modules lists it once).
-        layers = {id(t.module): t for t in self.parametrized_layers()}
-        remap = {
-            _join(name, "parametrizations.weight.original"): PruneTarget(name, module)
-            for name, module in self.model.named_modules(remove_duplicate=False)
-            if id(module) in layers
-        }
-        out: dict[str, Tensor] = {}
-        for key, value in self.model.state_dict().items():
-            t = remap.get(key)
-            if t is None:
-                out[key] = value
-                continue
-            plain = _join(t.name, "weight")
-            if pruned:
-                # a tensor of its own: the forward may be a view of a cache (nm.fused)
-                param = self._parametrization(layers[id(t.module)])
-                pruned_value = distributed.on_local_shard(param, value)
-                out[plain] = pruned_value.detach().clone()
-            else:
-                out[plain] = value
+        # The model's state_dict has the plain keys already (module plain_keys).
+        out: dict[str, Tensor] = self.model.state_dict()
+        if pruned:
+            # Every name of every parametrized module: state_dict lists a module
+            # registered under two names twice (named_modules lists it once).
+            layers = {id(t.module): t for t in self.parametrized_layers()}
+            for name, module in self.model.named_modules(remove_duplicate=False):
+                if id(module) in layers:
+                    key = _join(name, "weight")
+                    param = self._parametrization(layers[id(module)])
+                    # a tensor of its own: the forward may be a view of a cache (nm.fused)
+                    out[key] = distributed.on_local_shard(param, out[key]).detach().clone()
         if full:
             out = {key: distributed.full_tensor(value) for key, value in out.items()}
         return out

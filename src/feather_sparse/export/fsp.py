@@ -340,12 +340,14 @@ def _zero_fraction(tensors: list[Tensor]) -> float:
 def _state_as_finalized(model: nn.Module) -> tuple[dict[str, Tensor], list[str]]:
     """``model.state_dict()`` with the keys ``Pruner.finalize()`` would leave, and what changed.
 
-    Each weight a Pruner's parametrization holds
-    (``<layer>.parametrizations.weight.original`` and the rest of that
-    parametrization's entries) is given under its plain name
-    ``<layer>.weight`` as what the forward computes from it now — ``P_T(w)``
-    at the thresholds in use, in a tensor of its own — where the first of
-    those entries was. The model is not changed.
+    Each weight a Pruner's parametrization holds — listed under its plain
+    name ``<layer>.weight`` while the Pruner is attached (module
+    :mod:`~feather_sparse.plain_keys`), or as
+    ``<layer>.parametrizations.weight.original`` and the rest of that
+    parametrization's entries when those hooks are gone — is given under its
+    plain name as what the forward computes from it now — ``P_T(w)`` at the
+    thresholds in use, in a tensor of its own — where the first of those
+    entries was. The model is not changed.
 
     Returns:
         The ``state_dict``, and the plain names of the weights computed so
@@ -362,7 +364,9 @@ def _state_as_finalized(model: nn.Module) -> tuple[dict[str, Tensor], list[str]]
     }
     out: dict[str, Tensor] = {}
     for key, value in state.items():
-        plain = next((p for prefix, p in prefixes.items() if key.startswith(prefix)), None)
+        plain = key if key in pruned else None  # the dense weight under its plain key
+        if plain is None:
+            plain = next((p for prefix, p in prefixes.items() if key.startswith(prefix)), None)
         if plain is None:
             out[key] = value
         elif plain not in out:

@@ -4,17 +4,14 @@ The callbacks differ only in *when* the framework calls them; everything they
 do to the :class:`~feather_sparse.Pruner` lives here, so the two frameworks
 cannot drift apart.
 
-Checkpoint keys. ``torch.nn.utils.parametrize`` moves a pruned layer's weight
-to ``<layer>.parametrizations.weight.original``, so a framework checkpoint of
-the model taken during training would not load into the plain (dense) model
-the framework builds when it resumes — and the Hugging Face Trainer loads
-non-strictly, so the mismatch would pass silently. While a callback is
-attached it therefore registers a ``state_dict`` post-hook and a
-``load_state_dict`` pre-hook on every pruned layer (public ``nn.Module`` hooks)
-that present the stored dense weight under its plain key ``<layer>.weight``,
-exactly as :meth:`~feather_sparse.Pruner.dense_state_dict` does. The
-checkpointed model is then the dense model that training continues from; the
-thresholds, step and schedule position travel in the Pruner's own state.
+Checkpoint keys. While a Pruner is attached, the model's ``state_dict`` lists
+each pruned layer's stored dense weight under its plain key ``<layer>.weight``
+(module :mod:`~feather_sparse.plain_keys`), so a framework checkpoint of the
+model taken during training loads into the plain (dense) model the framework
+builds when it resumes — the Hugging Face Trainer loads non-strictly, so a
+mismatch would otherwise pass silently. The checkpointed model is then the
+dense model that training continues from; the thresholds, step and schedule
+position travel in the Pruner's own state.
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from feather_sparse.backbones import Backbone, PruneTarget
 from feather_sparse.pruner import Pruner
@@ -41,8 +37,6 @@ logger = logging.getLogger(__name__)
 
 # Supplied by the callback from the trainer, never by the user.
 _FROM_TRAINER = ("model", "total_steps")
-
-_ORIGINAL = "parametrizations.weight.original"
 
 # The Pruner's arguments that are settings (all but the process group).
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(PrunerConfig) if f.init)
@@ -93,38 +87,6 @@ def _trainable_backbone(config: PrunerConfig) -> str | None:
     except Exception:  # the check on the real model decides then
         return None
     return probe.name if trainable else None
-
-
-def _plain_key_hooks(pruner: Pruner) -> list[RemovableHandle]:
-    """Hooks making every pruned layer's ``state_dict`` use the plain key ``weight``."""
-    handles = []
-    for target in pruner.parametrized_layers():
-        module = target.module
-
-        def save_hook(
-            module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
-        ) -> None:
-            value = state_dict.pop(prefix + _ORIGINAL, None)
-            if value is not None:
-                state_dict[prefix + "weight"] = value
-
-        def load_hook(
-            module: nn.Module,
-            state_dict: dict[str, Any],
-            prefix: str,
-            *args: Any,
-        ) -> None:
-            # Runs before the module and its children load; the renamed entry
-            # then reaches the parametrization's ``original`` like any other key.
-            parametrizations: Any = getattr(module, "parametrizations", None)
-            if parametrizations is None or "weight" not in parametrizations:
-                return
-            if prefix + "weight" in state_dict and prefix + _ORIGINAL not in state_dict:
-                state_dict[prefix + _ORIGINAL] = state_dict.pop(prefix + "weight")
-
-        handles.append(module.register_state_dict_post_hook(save_hook))
-        handles.append(module.register_load_state_dict_pre_hook(load_hook))
-    return handles
 
 
 def _check_resumable(owner: str, pruner: Pruner, state: Mapping[str, Any]) -> None:
@@ -230,12 +192,11 @@ class PrunerDriver:
         self.pruner: Pruner | None = None
         self.final_sparsity: float | None = None
         self._pending: dict[str, Any] | None = None
-        self._handles: list[RemovableHandle] = []
 
     @property
     def attached(self) -> bool:
         """Whether a Pruner is attached to the model now."""
-        return self.pruner is not None and bool(self._handles)
+        return self.pruner is not None and self.pruner._ended is None
 
     def attach(self, model: nn.Module, total_steps: int) -> Pruner:
         """Attach a Pruner laid out on ``total_steps`` optimizer steps, restoring pending state.
@@ -260,7 +221,6 @@ class PrunerDriver:
             pruner.remove()
             raise _trainable_backbone_error(self.owner, pruner.backbone.name)
         self.pruner = pruner
-        self._handles = _plain_key_hooks(pruner)
         self.final_sparsity = None
         pending, self._pending = self._pending, None
         if pending is not None:
@@ -274,9 +234,6 @@ class PrunerDriver:
 
     def reset(self) -> None:
         """Detach the Pruner without baking (dense weights back) and forget it."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
         if self.pruner is not None:
             with contextlib.suppress(RuntimeError):  # already finalized or removed
                 self.pruner.remove()
@@ -346,12 +303,9 @@ class PrunerDriver:
 
     @torch.no_grad()
     def finish(self) -> float | None:
-        """Finalize (or detach) the Pruner and drop the key hooks; returns the final sparsity."""
+        """Finalize (or detach) the Pruner; returns the final sparsity."""
         if self.pruner is None or not self.attached:
             return self.final_sparsity
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
         if self.finalize:
             self.final_sparsity = self.pruner.finalize()
             logger.info("%s: finalized at sparsity %.6f", self.owner, self.final_sparsity)
