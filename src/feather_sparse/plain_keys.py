@@ -40,7 +40,7 @@ ORIGINAL = "parametrizations.weight.original"
 def _save_hook(
     preceding: frozenset[str],
     module: nn.Module,
-    state_dict: MutableMapping[str, Any],
+    state_dict: dict[str, Any],
     prefix: str,
     local_metadata: Any,
 ) -> None:
