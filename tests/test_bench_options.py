@@ -295,9 +295,9 @@ def test_bench_all_footer_says_which_runs_it_trained(
     argv = ["bench", "all", *flags, "--thetas", "0.5"]
     assert cli.main(argv) == 0  # the pool trains theta's one run only
     out = capsys.readouterr().out
-    assert "all: 1 runs trained in one pool" in out
+    assert "all: 1 run trained in one pool" in out
     assert "operator: 3 runs (0 trained, 0 failed)" in out
-    assert "theta: 1 runs (1 trained, 0 failed)" in out
+    assert "theta: 1 run (1 trained, 0 failed)" in out
     operator = (tmp_path / "operator.md").read_text()
     assert "- runs: 3 (0 trained by this command, 3 reused from earlier results)" in operator
     assert "in one pool" not in operator
@@ -305,7 +305,7 @@ def test_bench_all_footer_says_which_runs_it_trained(
     assert "- runs: 1 (1 trained by this command, 0 reused from earlier results); 1 of them " in (
         theta
     )
-    assert "in one pool (`bench all`: 1 runs trained in " in theta
+    assert "in one pool (`bench all`: 1 run trained in " in theta
     # again: nothing to train
     assert cli.main(argv) == 0
     assert "all: nothing to train, every run was stored already" in capsys.readouterr().out

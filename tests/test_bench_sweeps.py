@@ -115,7 +115,7 @@ def test_every_page_is_written_when_every_run_failed(
     opts = BenchOptions(quick=True, overrides=SMALL, out=tmp_path, jobs=1)
     result = run_experiment(name, opts)
     assert result.failed == result.runs > 0
-    assert "run(s) failed" in result.page.read_text()
+    assert re.search(r"- \*\*(1 run|\d+ runs) failed\*\*: ", result.page.read_text())
     for fig in result.figures:
         assert fig.is_file()
 
@@ -130,7 +130,7 @@ def test_pages_survive_cells_that_failed_and_the_cli_lists_each_failure(
     out, err = capsys.readouterr()
     assert code == 1
     assert "backbones: 8 runs (8 trained, 1 failed)" in out
-    failed = [line for line in err.splitlines() if line.startswith("failed run gmp-s0.95")]
+    failed = [line for line in err.splitlines() if line.startswith("failed run gmp s=0.95")]
     assert len(failed) == 1 and "RuntimeError: diverged" in failed[0]
     assert "Traceback" not in err
     trace = Path(failed[0].rsplit("(traceback: ", 1)[1].rstrip(")"))
@@ -170,7 +170,7 @@ def test_a_stopped_sweep_continues_with_the_runs_it_has(
     assert sessions[0]["interrupted"] is True and sessions[0]["error"] == "KeyboardInterrupt"
     assert sessions[0]["experiments"] == ["theta"] and sessions[0]["seconds"] >= 0
     assert "interrupted" not in sessions[1]
-    assert "5 runs trained in 2 session(s) (1 interrupted)" in again.page.read_text()
+    assert "5 runs trained in 2 sessions (1 interrupted)" in again.page.read_text()
 
 
 def test_suite_pages_name_the_suite_its_rule_and_rank_against_the_auto_theta(

@@ -161,7 +161,7 @@ def test_runs_in_parallel_processes(tmp_path: Path) -> None:
     opts = replace(small_options(tmp_path, tmp_path / "runs"), jobs=2, sparsities=(0.9,))
     result = run_experiment("operator", opts)
     assert (result.runs, result.trained, result.failed) == (3, 3, 0)
-    assert "2 parallel run(s)" in result.page.read_text()
+    assert "2 parallel runs" in result.page.read_text()
 
 
 def test_cli_quick_on_the_bundled_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -169,10 +169,10 @@ def test_cli_quick_on_the_bundled_data(tmp_path: Path, capsys: pytest.CaptureFix
     code = cli.main([*args, "--jobs", "1", "--set", "epochs=1"])
     out, err = capsys.readouterr()
     assert code == 0
-    assert "stability: 1 runs (1 trained, 0 failed)" in out
+    assert "stability: 1 run (1 trained, 0 failed)" in out
     assert [line[:5] for line in err.splitlines() if line.startswith("[")] == ["[1/1]"]
     text = (tmp_path / "stability.md").read_text()
-    assert "mnist1d, mnist1d_cnn; recipe mnist1d: 1 epochs" in text
+    assert "mnist1d, mnist1d_cnn; recipe mnist1d: 1 epoch, batch" in text
     command = (
         f"`feather-sparse bench stability --quick --set epochs=1 --thetas 0.5 --out {tmp_path}`"
     )
@@ -266,16 +266,16 @@ def test_a_page_says_when_its_runs_come_from_several_kernel_sets() -> None:
     assert _numerics_line(shown_twice) == f"- numerics: every run on {here}"
     old = RunOutcome(key="old", config={}, ok=True)  # stored before the field existed
     assert _numerics_line([*runs, old]) == (
-        f"- numerics: 3 runs on {here}; 1 run(s) stored before feather-sparse recorded it"
+        f"- numerics: 3 runs on {here}; 1 run stored before feather-sparse recorded it"
     )
     assert _numerics_line([old]) == (
-        "- numerics: not recorded (1 run(s) stored before feather-sparse recorded it)"
+        "- numerics: not recorded (1 run stored before feather-sparse recorded it)"
     )
     assert _numerics_line([]) == "- numerics: no run finished"
     mixed = [*shown_twice, RunOutcome(key="b", config={}, ok=True, numerics=there), old]
     line = _numerics_line(mixed)
     assert line.startswith("- **numerics: the runs come from 2 floating-point environments**")
-    assert f"(3 × {here}; 1 × {there}; 1 run(s) stored before" in line
+    assert f"(3 × {here}; 1 × {there}; 1 run stored before" in line
     assert "bit-comparable only within one" in line
 
 
@@ -295,7 +295,7 @@ def test_reusing_runs_of_another_kernel_set_is_said_at_once(
         _warn_foreign(stored)
     (record,) = caplog.records
     assert record.getMessage().startswith(
-        f"2 reused run(s) were trained on {there}, not on this machine's {here}"
+        f"2 reused runs were trained on {there}, not on this machine's {here}"
     )
     caplog.clear()
     with caplog.at_level("WARNING", logger="feather_sparse"):

@@ -21,6 +21,7 @@ from feather_sparse.cli import train as cli_train
 from feather_sparse.integrity import DiskFullError
 from feather_sparse.recipes import TrainConfig, load_config
 from feather_sparse.train import DistContext, TrainingInterrupted, checkpoint_path, loop, train
+from feather_sparse.train.dist import resolve_device
 from feather_sparse.train.result import resume_command
 
 if sys.version_info >= (3, 11):
@@ -154,6 +155,17 @@ def test_every_device_string_the_config_accepts_is_one_torch_accepts(device: str
         "mps"
         in next(f for f in dataclasses.fields(TrainConfig) if f.name == "device").metadata["help"]
     )
+
+
+@pytest.mark.parametrize("present", [1, 2])
+def test_a_cuda_index_past_the_devices_counts_them_in_their_number(
+    present: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: present)
+    devices = "1 CUDA device" if present == 1 else f"{present} CUDA devices"
+    with pytest.raises(ValueError, match=f"^device 'cuda:3': only {devices} present$"):
+        resolve_device("cuda:3")
 
 
 # ------------------------------------------------------------------- resume

@@ -17,6 +17,12 @@ Runs are independent processes (``--jobs``), and each run's outcome is kept
 as ``RUNS_DIR/<key>/result.json``, keyed by a hash of the run's whole config:
 an interrupted sweep continues where it stopped, and experiments that share a
 run (``theta`` and ``stability`` at the same θ and sparsity) train it once.
+The key's readable prefix names only the method, sparsity and seed
+(``feather-s0.95-seed0-<hash>`` for each of ``operator``'s hard, soft and
+Feather runs); people are shown the run's name, which says what it is
+(``feather operator=hard theta=1 s=0.95 seed 0``, :func:`run_name`) in the
+failed-run lines of the console and of the page, and beside each key in
+``OUT/<experiment>.json``.
 Every run also records its mask stability, per-layer sparsity and FLOPs, so
 any experiment can be summarised from any run.
 
@@ -38,7 +44,7 @@ from feather_sparse.bench.driver import ExperimentResult, run_experiment
 from feather_sparse.bench.experiments import EXPERIMENTS, Experiment
 from feather_sparse.bench.options import DEFAULT_BENCH_RECIPE, DEFAULT_SEEDS, BenchOptions
 from feather_sparse.bench.pages import Context, Grid, machine_description
-from feather_sparse.bench.runner import RunOutcome, RunSpec, execute_runs, run_key
+from feather_sparse.bench.runner import RunOutcome, RunSpec, execute_runs, run_key, run_name
 
 __all__ = [
     "DEFAULT_BENCH_RECIPE",
@@ -55,4 +61,5 @@ __all__ = [
     "machine_description",
     "run_experiment",
     "run_key",
+    "run_name",
 ]

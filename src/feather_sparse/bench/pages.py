@@ -2,7 +2,9 @@
 
 A page is ``OUT/<experiment>.md`` (title, the experiment's body, then the
 command, library, machine and run facts) beside ``OUT/<experiment>.json``
-(one row per run of the page) and the experiment's PNG plots.
+(one row per run of the page: its key, i.e. its folder, and its name) and the
+experiment's PNG plots. Counts are written in their number (``1 run``,
+``2 runs``: :func:`feather_sparse._text.count`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import torch
 
+from feather_sparse._text import count, plural
 from feather_sparse._version import __version__
 from feather_sparse.analysis import Curve, mean_std
 from feather_sparse.bench.options import (
@@ -54,14 +57,14 @@ def machine_description(workers: int | None = None, threads: int | str | None = 
     parts = [
         f"Python {platform.python_version()}",
         f"{platform.system()} {platform.machine()}",
-        f"{cpu_model()}, {usable_cpus()} usable cores",
+        f"{cpu_model()}, {count(usable_cpus(), 'usable core')}",
     ]
     if torch.cuda.is_available():
         parts.append(f"GPU {torch.cuda.get_device_name(0)}")
     else:
         parts.append("no GPU")
     if workers is not None:
-        parts.append(f"{workers} parallel run(s) × {threads or 1} torch thread(s)")
+        parts.append(f"{count(workers, 'parallel run')} × {count(threads or 1, 'torch thread')}")
     return ", ".join(parts)
 
 
@@ -274,6 +277,7 @@ def _footer(ctx: Context) -> str:
     unique = {o.key: o for _, o in ctx.pairs}
     failed = [o for o in unique.values() if not o.ok]
     run_time = sum(o.wall_time for o in unique.values())
+    seeds = ctx.opts.run_seeds
     command = ctx.opts.command or _rebuild_command(ctx.name, ctx.opts)
     # every model the page's runs trained, in order of appearance (bench nm runs two)
     models = list(dict.fromkeys(str(o.config.get("model")) for o in ok)) or [str(cfg.get("model"))]
@@ -282,19 +286,19 @@ def _footer(ctx: Context) -> str:
         f"- command: `{command}`",
         f"- library: feather-sparse {__version__}, torch {torch.__version__}",
         f"- machine: {machine_description(ctx.workers, cfg.get('threads') or 'default')}",
-        f"- data and model{'s' if len(models) > 1 else ''}: {cfg.get('dataset')}, "
+        f"- data and {plural(len(models), 'model')}: {cfg.get('dataset')}, "
         f"{', '.join(models)}; recipe "
-        f"{cfg.get('recipe')}: {cfg.get('epochs')} epochs, batch {cfg.get('batch_size')}, "
+        f"{cfg.get('recipe')}: {count(cfg.get('epochs'), 'epoch')}, batch {cfg.get('batch_size')}, "
         f"{cfg.get('optimizer')} lr {cfg.get('lr')}, weight decay {cfg.get('weight_decay')}, "
         f"gradient clipping {cfg.get('grad_clip') or 'none'}; "
-        f"seeds {', '.join(map(str, ctx.opts.run_seeds))}",
+        f"{plural(len(seeds), 'seed')} {', '.join(map(str, seeds))}",
         _runs_line(ctx, len(unique), run_time),
     ]
     lines.append(_numerics_line(ok))
     if failed:
         lines.append(
-            f"- **{len(failed)} run(s) failed**: "
-            + "; ".join(f"{o.key}: {o.error}" for o in failed[:5])
+            f"- **{count(len(failed), 'run')} failed**: "
+            + "; ".join(f"{o.name} (`{o.key}`): {o.error}" for o in failed[:5])
         )
     sessions = read_sessions(ctx.out)
     if sessions:
@@ -302,8 +306,8 @@ def _footer(ctx: Context) -> str:
         seconds = sum(float(s.get("seconds", 0.0)) for s in sessions)
         stopped = sum(1 for s in sessions if s.get("interrupted"))
         lines.append(
-            f"- sweep wall time: {seconds / 60:.1f} min in all, {trained} runs trained in "
-            f"{len(sessions)} session(s)"
+            f"- sweep wall time: {seconds / 60:.1f} min in all, {count(trained, 'run')} trained "
+            f"in {count(len(sessions), 'session')}"
             + (f" ({stopped} interrupted)" if stopped else "")
             + f" that wrote to this folder (`{SWEEP_LOG}`)"
         )
@@ -325,8 +329,8 @@ def _runs_line(ctx: Context, runs: int, run_time: float) -> str:
         pool_runs, seconds = ctx.pool
         return (
             line + f"; {ctx.pooled} of them trained together with the other experiments' runs "
-            f"in one pool (`bench all`: {pool_runs} runs trained in {seconds / 60:.1f} min of "
-            f"wall time); summed run time of this page's runs {run_time / 60:.1f} min"
+            f"in one pool (`bench all`: {count(pool_runs, 'run')} trained in {seconds / 60:.1f} "
+            f"min of wall time); summed run time of this page's runs {run_time / 60:.1f} min"
         )
     if ctx.pool is not None and not ctx.executed:  # bench all, and it trained none of them
         return line + f"; summed run time {run_time / 60:.1f} min"
@@ -350,16 +354,16 @@ def _numerics_line(outcomes: Sequence[RunOutcome]) -> str:
         return "- numerics: no run finished"
     counts = Counter(o.numerics for o in runs if o.numerics)
     unknown = sum(1 for o in runs if not o.numerics)
-    older = f"{unknown} run(s) stored before feather-sparse recorded it" if unknown else ""
+    older = f"{count(unknown, 'run')} stored before feather-sparse recorded it" if unknown else ""
     if not counts:
         return f"- numerics: not recorded ({older})"
     if len(counts) == 1:
         (only,) = counts
-        where = f"every run on {only}" if not unknown else f"{counts[only]} runs on {only}"
+        where = f"every run on {only}" if not unknown else f"{count(counts[only], 'run')} on {only}"
         return f"- numerics: {where}" + (f"; {older}" if older else "")
     parts = "; ".join(f"{n} × {name}" for name, n in counts.most_common())
     return (
-        f"- **numerics: the runs come from {len(counts)} floating-point environments** "
+        f"- **numerics: the runs come from {count(len(counts), 'floating-point environment')}** "
         f"({parts}{'; ' + older if older else ''}); a seed's runs are bit-comparable only "
         "within one, so a paired difference across them includes the machine's noise"
     )
@@ -466,6 +470,7 @@ def write_page(ctx: Context, title: str, body: str) -> Path:
             "x": jsonable(s.x),
             "seed": s.seed,
             "key": o.key,
+            "name": o.name,
             "ok": o.ok,
             "error": o.error,
             "test_accuracy": jsonable(o.test_accuracy),

@@ -28,6 +28,7 @@ import torch
 
 from feather_sparse import run_lock
 from feather_sparse import train as training
+from feather_sparse._text import count, plural
 from feather_sparse._version import __version__
 from feather_sparse.analysis import MaskStabilityRecorder, count_flops, layer_sparsity
 from feather_sparse.bench.options import BenchOptions
@@ -55,6 +56,7 @@ __all__ = [
     "load_outcome",
     "plan_runs",
     "run_key",
+    "run_name",
 ]
 
 logger = logging.getLogger(__name__)
@@ -90,7 +92,8 @@ class RunOutcome:
     """What one finished run left, as stored in ``RUNS_DIR/<key>/result.json``.
 
     Attributes:
-        key: the run's folder name (readable prefix + config hash).
+        key: the run's folder name (readable prefix + config hash); people are
+            shown :attr:`name`.
         config: the run's full ``TrainConfig`` as a dict.
         ok: False when training raised (``error`` says what).
         error: the exception, or None.
@@ -158,6 +161,13 @@ class RunOutcome:
         for name in ("test_accuracy", "sparsity"):
             values[name] = _float(values.get(name))
         return cls(**values)
+
+    @property
+    def name(self) -> str:
+        """What the run is, for people (:func:`run_name`); the key for a config without a method."""
+        if self.config.get("dense") or "method" in self.config:
+            return run_name(self.config)
+        return self.key
 
     @property
     def density_macs(self) -> float:
@@ -237,6 +247,35 @@ def run_key(config: Mapping[str, Any]) -> str:
     return f"{method}-s{sparsity:g}-seed{config.get('seed')}-{digest}"
 
 
+#: Settings that tell runs of one method apart; :func:`run_name` names those that are set.
+_NAME_FIELDS = ("pattern", "operator", "p", "theta", "backbone")
+
+
+def run_name(config: Mapping[str, Any]) -> str:
+    """What the run is, for people: its method, the settings in which it departs
+    from the method's own choices, its sparsity and seed.
+
+    ``feather operator=hard theta=1 s=0.99 seed 0`` is ``bench operator``'s hard
+    row at 99 %; ``feather s=0.99 seed 0`` trains Feather as the method sets it
+    up. The run's folder (:func:`run_key`) keeps its shorter prefix
+    (``feather-s0.99-seed0-<hash>`` for all three operators): the folder name
+    is the key that stored results are found under, so a longer prefix would
+    leave every runs folder written before it untouched and train its runs again.
+    """
+    if config.get("dense"):
+        return f"dense seed {config.get('seed')}"
+    words = [str(config.get("method"))]
+    words += [f"{k}={_setting(config[k])}" for k in _NAME_FIELDS if config.get(k) is not None]
+    if config.get("pattern") is None:  # an N:M pattern sets the sparsity itself
+        words.append(f"s={float(config.get('sparsity', 0.0)):g}")
+    words.append(f"seed {config.get('seed')}")
+    return " ".join(words)
+
+
+def _setting(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def load_outcome(run_dir: Path) -> RunOutcome | None:
     """The stored outcome of a run folder; None if it has none (or an unreadable one).
 
@@ -268,7 +307,11 @@ def _execute(config: dict[str, Any], run_dir: str, reuse: bool = True) -> dict[s
     with run_lock.hold(path.parent / f".{path.name}.lock", what=f"run {path}", wait=True):
         stored = load_outcome(path) if reuse else None
         if stored is not None and stored.ok:
-            logger.info("run %s was trained meanwhile by another process: reused", path.name)
+            logger.info(
+                "run %s (%s) was trained meanwhile by another process: reused",
+                stored.name,
+                path.name,
+            )
             return {**stored.to_json(), REUSED: True}
         try:
             _clear_unfinished(path)
@@ -558,13 +601,15 @@ def _warn_foreign(stored: Iterable[RunOutcome]) -> None:
             here = "a machine without its device"
         if outcome.numerics != here:
             foreign[outcome.numerics, here] += 1
-    for (where, here), count in foreign.items():
+    for (where, here), n in foreign.items():
         logger.warning(
-            "%d reused run(s) were trained on %s, not on this machine's %s: a run trained "
-            "here from the same seed would differ in its bits (--force trains them again here)",
-            count,
+            "%s %s trained on %s, not on this machine's %s: a run trained here from the "
+            "same seed would differ in its bits (--force trains %s again here)",
+            count(n, "reused run"),
+            plural(n, "was", "were"),
             where,
             here,
+            plural(n, "it", "them"),
         )
 
 
@@ -613,7 +658,12 @@ def execute_runs(
     total, done = len(todo), 0
     started = time.perf_counter()
     workers = min(opts.worker_count(), max(1, total))
-    logger.info("%d runs to train (%d reused), %d process(es)", total, len(outcomes), workers)
+    logger.info(
+        "%s to train (%d reused), %s",
+        count(total, "run"),
+        len(outcomes),
+        count(workers, "process"),
+    )
     _warn_foreign(plan.stored.values())
 
     trained = 0  # those that another process trained meanwhile are reused, not trained

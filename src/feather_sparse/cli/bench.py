@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from feather_sparse._text import count
 from feather_sparse.bench import (
     DEFAULT_BENCH_RECIPE,
     DEFAULT_SEEDS,
@@ -405,8 +406,9 @@ def _announce(names: list[str], opts: BenchOptions) -> None:
     threads = opts.base_config().threads or "default"
     what = f"suite {opts.suite}: " if opts.suite else ""
     line = (
-        f"{what}{', '.join(names)}: {plan.distinct} distinct runs, {len(plan.stored)} stored, "
-        f"{todo} to train in {workers} process(es) × {threads} thread(s)"
+        f"{what}{', '.join(names)}: {count(plan.distinct, 'distinct run')}, "
+        f"{len(plan.stored)} stored, {todo} to train in {count(workers, 'process')} × "
+        f"{count(threads, 'thread')}"
     )
     times = [o.wall_time for o in plan.stored.values() if o.ok]
     if todo and times:
@@ -451,7 +453,7 @@ def _run(names: list[str], opts: BenchOptions) -> int:
         pool = train_experiments(names, opts, _progress, attempted)
         trained, elapsed = pool
         print(
-            f"all: {trained} runs trained in one pool in {elapsed / 60:.1f} min"
+            f"all: {count(trained, 'run')} trained in one pool in {elapsed / 60:.1f} min"
             if trained
             else "all: nothing to train, every run was stored already"
         )
@@ -460,12 +462,12 @@ def _run(names: list[str], opts: BenchOptions) -> int:
         result = run_experiment(name, opts, _progress, pool, attempted)
         failures.update((o.key, o) for o in result.failures)
         print(
-            f"{name}: {result.runs} runs ({result.trained + result.pooled} trained, "
+            f"{name}: {count(result.runs, 'run')} ({result.trained + result.pooled} trained, "
             f"{result.failed} failed) in {result.wall_time / 60:.1f} min -> {result.page}"
         )
-    for key, outcome in failures.items():
+    for key, outcome in failures.items():  # the run's folder is the one of its traceback
         print(
-            f"failed run {key}: {outcome.error} "
+            f"failed run {outcome.name}: {outcome.error} "
             f"(traceback: {opts.runs_path / key / TRACEBACK_FILE})",
             file=sys.stderr,
         )

@@ -327,7 +327,7 @@ def _run(command: str, args: argparse.Namespace) -> int:
         print(
             f"stopped after epoch {result.epochs}/{config.epochs}: test accuracy "
             f"{result.test_accuracy:.2%}; continue with: "
-            f"{resume_command(result.run_dir, ctx.world_size)}"
+            f"{resume_command(result.run_dir, ctx.world_size, ctx.local_world_size)}"
         )
         return 0
     print()

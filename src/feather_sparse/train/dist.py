@@ -9,7 +9,10 @@ Pruner is attached to the bare model, which is then wrapped in
 ``DistributedDataParallel``, so every rank computes the identical threshold
 locally (see ``docs/distributed.md``). Evaluation sums are all-reduced; only
 rank 0 logs to the run folder and writes files, and the other ranks wait for
-each checkpoint (a barrier) before going on.
+each checkpoint (a barrier) before going on. The processes per node
+(``LOCAL_WORLD_SIZE``, which torchrun sets on every process) are kept beside
+the world size, so that a run trained on several nodes is told the
+``torchrun --nnodes=K --nproc_per_node=P`` command that continues it.
 
 The Pruner's own DDP/FSDP2 plumbing is not here: this module serves the
 training loop only.
@@ -23,13 +26,26 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from feather_sparse._text import count
+
 
 @dataclass(frozen=True)
 class DistContext:
-    """This process's place among data-parallel processes (1 process without DDP)."""
+    """This process's place among data-parallel processes (1 process without DDP).
+
+    Attributes:
+        rank: this process's index among all of them.
+        world_size: the number of processes, on all nodes together.
+        local_world_size: the processes on each node (torchrun's
+            ``LOCAL_WORLD_SIZE``); ``world_size // local_world_size`` is the
+            number of nodes. None when the launcher did not say (a process
+            group initialised by hand) or said a number that does not divide
+            ``world_size``.
+    """
 
     rank: int = 0
     world_size: int = 1
+    local_world_size: int | None = None
 
     @property
     def is_main(self) -> bool:
@@ -45,8 +61,25 @@ def distributed_context() -> DistContext:
     """
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
-        return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size())
+        world_size = dist.get_world_size()
+        return DistContext(
+            rank=dist.get_rank(),
+            world_size=world_size,
+            local_world_size=_local_world_size(world_size),
+        )
     return DistContext()
+
+
+def _local_world_size(world_size: int) -> int | None:
+    """The processes per node that torchrun announces (``LOCAL_WORLD_SIZE``), if it
+    is a whole share of ``world_size`` (torchrun starts as many on every node)."""
+    try:
+        local = int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    if local < 1 or local > world_size or world_size % local:
+        return None
+    return local
 
 
 def _all_reduce_sum(tensor: Tensor, ctx: DistContext) -> Tensor:
@@ -109,7 +142,7 @@ def resolve_device(name: str) -> torch.device:
         raise ValueError(f"device {name!r}: CUDA is not available here; use --device cpu or auto")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise ValueError(
-            f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) present"
+            f"device {name!r}: only {count(torch.cuda.device_count(), 'CUDA device')} present"
         )
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {name!r}: MPS is not available here; use --device cpu or auto")

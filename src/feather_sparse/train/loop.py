@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
-from feather_sparse import run_lock
+from feather_sparse import _text, run_lock
 from feather_sparse.data import DATASETS, load_dataset
 from feather_sparse.integrity import DiskFullError
 from feather_sparse.methods import check_method
@@ -129,7 +129,8 @@ def _save(s: _Session, row: dict[str, Any]) -> None:
         else:
             kept = (
                 f"the previous checkpoint (epoch {s.saved_epoch}) is intact; free some space, "
-                f"then continue with: {resume_command(s.run_dir, s.ctx.world_size)}"
+                "then continue with: "
+                f"{resume_command(s.run_dir, s.ctx.world_size, s.ctx.local_world_size)}"
             )
         raise DiskFullError(
             f"the disk is full: the checkpoint of epoch {s.epoch} could not be written to "
@@ -264,11 +265,6 @@ def _finish(s: _Session, writer: Any, started: float) -> TrainResult:
     )
 
 
-def _count(n: int, noun: str) -> str:
-    """``"1 epoch"``, ``"20 epochs"``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
 def _train(
     config: TrainConfig,
     run_dir: Path,
@@ -308,8 +304,8 @@ def _train(
         config.dataset,
         s.bundle.train_size,
         s.bundle.test_size,
-        _count(config.epochs, "epoch"),
-        _count(s.steps_per_epoch, "step"),
+        _text.count(config.epochs, "epoch"),
+        _text.count(s.steps_per_epoch, "step"),
         "dense" if s.pruner is None else f"{config.method} to sparsity {config.sparsity:g}",
         device,
     )
@@ -386,7 +382,7 @@ def _train(
             with contextlib.suppress(Exception):
                 saved = int(load_checkpoint(checkpoint_path(run_dir))["epoch"])
         raise TrainingInterrupted(
-            run_dir, s.epoch, s.step, config.epochs, saved, ctx.world_size
+            run_dir, s.epoch, s.step, config.epochs, saved, ctx.world_size, ctx.local_world_size
         ) from None
     finally:
         if writer is not None:
@@ -621,14 +617,21 @@ def _check_world_size(run_path: Path, world_size: int) -> None:
     global batch (processes × batch size), hence the steps per epoch, depend on it.
 
     Raises:
-        ValueError: naming both numbers and the command that fits.
+        ValueError: naming both numbers and the command that fits (on several
+            nodes when the run recorded its processes per node; runs recorded
+            before that get the one-node command).
     """
     try:
-        recorded = int(read_run_info(run_path)["world_size"])
+        info = read_run_info(run_path)
+        recorded = int(info["world_size"])
     except (OSError, ValueError, KeyError, TypeError):
         return  # no record to compare with: the step count check still guards the resume
+    local = info.get("local_world_size")
+    per_node = local if isinstance(local, int) and not isinstance(local, bool) else None
     if recorded != world_size:
-        launch = resume_command(run_path, recorded) + (" (one process)" if recorded == 1 else "")
+        launch = resume_command(run_path, recorded, per_node) + (
+            " (one process)" if recorded == 1 else ""
+        )
         raise ValueError(
             f"cannot resume: {run_path} was trained by {recorded} process(es), this is "
             f"{world_size}; the global batch and the steps per epoch depend on it: resume "

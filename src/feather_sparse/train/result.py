@@ -54,15 +54,43 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def resume_command(run_dir: str | Path, world_size: int = 1) -> str:
+#: The torchrun flags that bring the nodes of a multi-node run together, for the hint.
+RENDEZVOUS_FLAGS = (
+    "--rdzv-backend, --rdzv-endpoint and --rdzv-id, or --node-rank, --master-addr and --master-port"
+)
+
+
+def resume_command(
+    run_dir: str | Path, world_size: int = 1, local_world_size: int | None = None
+) -> str:
     """The command that continues the run in ``run_dir`` with ``world_size`` processes.
 
     A run trained by several processes resumes only with as many (the global
-    batch depends on it), so it is continued under ``torchrun`` again.
+    batch depends on it), so it is continued under ``torchrun`` again: on one
+    node ``torchrun --nproc_per_node=N``; on several nodes ``torchrun
+    --nnodes=K --nproc_per_node=P`` (``K × P = world_size``), run on every
+    node with the rendezvous flags the run was launched with, which the hint
+    names but cannot know.
+
+    Args:
+        run_dir: the run folder.
+        world_size: the processes that trained it, on all nodes together.
+        local_world_size: the processes on each node (torchrun's
+            ``LOCAL_WORLD_SIZE``); ``None`` when not known (runs recorded
+            before it was): the one-node form.
     """
-    if world_size > 1:
-        return f"torchrun --nproc_per_node={world_size} -m feather_sparse train --resume {run_dir}"
-    return f"feather-sparse train --resume {run_dir}"
+    if world_size <= 1:
+        return f"feather-sparse train --resume {run_dir}"
+    module = f"-m feather_sparse train --resume {run_dir}"
+    local = local_world_size
+    if local is None or not 0 < local < world_size or world_size % local:  # one node, or not known
+        return f"torchrun --nproc_per_node={world_size} {module}"
+    nodes = world_size // local
+    return (
+        f"torchrun --nnodes={nodes} --nproc_per_node={local} {module}, on each "
+        f"of the {nodes} nodes, with the rendezvous flags the run was launched with "
+        f"({RENDEZVOUS_FLAGS})"
+    )
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -77,6 +105,7 @@ class TrainingInterrupted(KeyboardInterrupt):
         step: optimizer steps completed.
         saved_epoch: the epoch the newest checkpoint holds (None: none saved).
         world_size: the number of processes that trained it (the command says so).
+        local_world_size: how many of them ran on each node (None: not known).
     """
 
     def __init__(
@@ -87,9 +116,10 @@ class TrainingInterrupted(KeyboardInterrupt):
         epochs: int,
         saved_epoch: int | None,
         world_size: int = 1,
+        local_world_size: int | None = None,
     ) -> None:
         self.run_dir, self.epoch, self.step, self.saved_epoch = run_dir, epoch, step, saved_epoch
-        self.world_size = world_size
+        self.world_size, self.local_world_size = world_size, local_world_size
         where = (
             f"while finishing, after epoch {epoch}/{epochs}"
             if epoch >= epochs
@@ -100,6 +130,6 @@ class TrainingInterrupted(KeyboardInterrupt):
         else:
             then = (
                 f"the last checkpoint holds epoch {saved_epoch}; continue with: "
-                f"{resume_command(run_dir, world_size)}"
+                f"{resume_command(run_dir, world_size, local_world_size)}"
             )
         super().__init__(f"interrupted {where}; {then}")

@@ -201,6 +201,8 @@ def _write_run_info(s: _Session) -> None:
             "pruner": s.pruner.config() if s.pruner is not None else None,
             "device": str(s.device),
             "world_size": s.ctx.world_size,
+            # processes per node (None: not launched by torchrun), for the resume hint
+            "local_world_size": s.ctx.local_world_size,
             "steps_per_epoch": s.steps_per_epoch,
             "total_steps": s.config.epochs * s.steps_per_epoch,
         },

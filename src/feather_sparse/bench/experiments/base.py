@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from feather_sparse._text import plural
 from feather_sparse.analysis import Curve, mean_std
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, finite_curve, paired_caption, pct
@@ -146,7 +147,8 @@ def dense_line(ctx: Context) -> str:
         return ""
     mean, std = mean_std([accuracy(o) for o in dense])
     value = f"{mean:.2f}" if len(dense) == 1 else f"{mean:.2f} ± {std:.2f}"
-    return f"Dense model ({dense[0].params:,} parameters): **{value}** % top-1.\n\n"
+    params = dense[0].params
+    return f"Dense model ({params:,} {plural(params, 'parameter')}): **{value}** % top-1.\n\n"
 
 
 def dense_baseline(ctx: Context) -> tuple[str, float, float] | None:

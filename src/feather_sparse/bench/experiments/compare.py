@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from feather_sparse._text import plural
 from feather_sparse.bench.experiments.base import (
     PAPER_SPARSITIES,
     Experiment,
@@ -44,7 +45,7 @@ def _selected_methods(opts: BenchOptions) -> dict[str, dict[str, Any]]:
     unknown = [m for m in opts.methods if m not in COMPARE_METHODS]
     if unknown:
         raise ValueError(
-            f"unknown compare method(s) {', '.join(unknown)}; choose from: "
+            f"unknown compare {plural(len(unknown), 'method')} {', '.join(unknown)}; choose from: "
             f"{', '.join(COMPARE_METHODS)}"
         )
     return {m: COMPARE_METHODS[m] for m in opts.methods}
