@@ -33,6 +33,7 @@ backbones, each a small class, with the registry at the bottom.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -174,8 +175,15 @@ class Backbone:
         """
         return None
 
-    def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
-        """Which entries of tensor ``index`` the forward zeroes; default ``|w| <= T``."""
+    def pruned_mask(
+        self, index: int, weight: Tensor, threshold: Tensor, operator: Operator | None = None
+    ) -> Tensor:
+        """Which entries of tensor ``index`` the forward zeroes; default ``|w| <= T``.
+
+        ``operator`` is the one the forward applies (the Pruner passes its own), for
+        a backbone whose answer depends on it (N:M: on its ``p``); the default
+        ignores it.
+        """
         return weight.abs() <= threshold
 
     def report_threshold(self, index: int, weight: Tensor, threshold: Tensor) -> float:
@@ -285,12 +293,51 @@ def on_device(kept: list[Tensor], index: int, device: torch.device) -> Tensor:
     buffer of the model, so a model moved after attaching (``model.to("cuda")``)
     would meet it on the old device; the forward passes its weight's device
     here. Per layer: a model split over devices keeps each layer's state where
-    its weight is.
+    its weight is. The copy is made outside ``torch.inference_mode`` (a forward
+    in an evaluation block may be the first after the move): the next training
+    forward saves it for its backward.
     """
     value = kept[index]
     if value.device != device:
-        value = kept[index] = value.to(device)
+        with outside_inference_mode():
+            value = kept[index] = value.to(device)
     return value
+
+
+def outside_inference_mode() -> contextlib.AbstractContextManager[Any]:
+    """Leave ``torch.inference_mode``, where it is on, while a Pruner or a backbone makes
+    or writes the tensors it keeps (thresholds, a backbone's state).
+
+    A tensor made in inference mode can neither be written in place outside it nor be
+    saved for the backward of a training forward, so a Pruner attached, stepped or loaded
+    inside an evaluation block would break the next training step. Checking costs
+    nanoseconds; entering the context (microseconds) only happens in inference mode.
+    """
+    if torch.is_inference_mode_enabled():
+        return torch.inference_mode(False)
+    return contextlib.nullcontext()
+
+
+def move_in_place(param: nn.Parameter, device: torch.device) -> None:
+    """Move ``param`` and its gradient to ``device``, keeping the object.
+
+    What ``model.to(device)`` does to the model's own parameters, for a
+    backbone's trainable state (ASL+'s thresholds), which the move does not
+    reach: the optimizer holding ``param`` goes on training the same object.
+    ``param.data`` is replaced where torch allows it (between CPU and CUDA, as
+    ``nn.Module.to`` does), else the tensors are swapped
+    (:func:`torch.utils.swap_tensors`, e.g. to the meta device). Optimizer
+    state made before the move (momentum) stays where it was, as for the
+    model's own parameters.
+    """
+    with outside_inference_mode(), torch.no_grad():
+        moved = param.to(device)
+        grad = None if param.grad is None else param.grad.to(device)
+        if torch._has_compatible_shallow_copy_type(param, moved):
+            param.data = moved
+        else:
+            torch.utils.swap_tensors(param, nn.Parameter(moved, param.requires_grad))
+        param.grad = grad
 
 
 def allocate(shares: Sequence[float], sizes: Sequence[int], total: int) -> list[int]:
@@ -581,9 +628,25 @@ class ASLPlusBackbone(Backbone):
                 r.fill_(value)
         self._initialized = True
 
+    def _follow(self, index: int, device: torch.device) -> None:
+        """Layer ``index``'s ``r_l`` and ``σ_l`` on ``device``, its weight's.
+
+        A model moved after attaching (``model.to("cuda")``) moves its own
+        parameters in place; ``r_l`` is a parameter of this backbone, in the
+        user's optimizer, so it is moved the same way (:func:`move_in_place`)
+        at the layer's next forward, :meth:`regularizer` or :meth:`parameters`.
+        """
+        if self.r[index].device != device:
+            move_in_place(self.r[index], device)
+        on_device(self._sigma, index, device)
+
+    def _follow_all(self) -> None:
+        for i, t in enumerate(self.targets):
+            self._follow(i, t.weight.device)
+
     def implied_sparsities(self) -> list[float]:
         """Per layer, ``erf(clamp(r_l)/√2)``: the sparsity the Gaussian model gives ``r_l``."""
-        r = torch.stack([p.detach() for p in self.r]).double().clamp(0.0, self.r_max)
+        r = _stack([p.detach() for p in self.r]).double().clamp(0.0, self.r_max)
         values: list[float] = torch.special.erf(r / math.sqrt(2.0)).tolist()
         return values
 
@@ -608,6 +671,7 @@ class ASLPlusBackbone(Backbone):
     def forward_weight(
         self, index: int, weight: Tensor, threshold: Tensor, operator: Operator, theta: float
     ) -> Tensor:
+        self._follow(index, weight.device)
         out = operator(weight, threshold, theta)
         r = self.r[index].clamp(0.0, self.r_max)
         if not r.requires_grad:  # no_grad (evaluation): the plain forward
@@ -618,11 +682,16 @@ class ASLPlusBackbone(Backbone):
         return tied
 
     def parameters(self) -> list[nn.Parameter]:
+        self._follow_all()  # an optimizer made after a model.to(device) gets them there
         return list(self.r)
 
     def regularizer(self) -> Tensor:
-        """``λ·(D − (1 − s(t)))²`` with the schedule's current ``s(t)`` as the target."""
-        r = torch.stack(list[Tensor](self.r))
+        """``λ·(D − (1 − s(t)))²`` with the schedule's current ``s(t)`` as the target.
+
+        On the first layer's device when the layers are on several.
+        """
+        self._follow_all()
+        r = _stack(self.r)
         sizes = torch.tensor(self.sizes, dtype=r.dtype, device=r.device)
         sparsity = (torch.special.erf(r / math.sqrt(2.0)) * sizes).sum() / sizes.sum()
         # D − (1 − s) = (1 − sparsity) − (1 − s) = s − sparsity
@@ -630,8 +699,8 @@ class ASLPlusBackbone(Backbone):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "r": torch.stack([p.detach() for p in self.r]).cpu().clone(),
-            "sigma": torch.stack([s.detach().float() for s in self._sigma]).cpu().clone(),
+            "r": _stack([p.detach() for p in self.r]).cpu().clone(),
+            "sigma": _stack([s.detach().float() for s in self._sigma]).cpu().clone(),
             "target": self._target,
             "initialized": self._initialized,
         }
@@ -653,6 +722,12 @@ class ASLPlusBackbone(Backbone):
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "lam": self.lam, "init": self.init, "r_max": self.r_max}
+
+
+def _stack(values: Sequence[Tensor]) -> Tensor:
+    """``torch.stack`` on the first value's device, for layers spread over several."""
+    device = values[0].device
+    return torch.stack([v.to(device) for v in values])
 
 
 #: ASL trains its thresholds with the base learning rate times this (lr/100).

@@ -489,7 +489,9 @@ class SpartanBackbone(Backbone):
         out: Tensor = _HardMaskSTE.apply(x, keep)
         return out
 
-    def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
+    def pruned_mask(
+        self, index: int, weight: Tensor, threshold: Tensor, operator: Operator | None = None
+    ) -> Tensor:
         if self.frozen:
             return on_device(self._frozen_masks, index, weight.device) == 0
         return weight.abs() <= threshold

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from feather_sparse._text import plural
 from feather_sparse.backbones import BACKBONES, Backbone
 from feather_sparse.nm.backbone import DEFAULT_PATTERN
 from feather_sparse.nm.methods import ONESHOT_START, SR_STE_DECAY
@@ -161,7 +162,8 @@ class Method:
             unknown = sorted(set(options) - accepted)
             if unknown:
                 raise ValueError(
-                    f"unknown argument(s) {unknown}: neither Pruner arguments "
+                    f"unknown {plural(len(unknown), 'argument')} {unknown}: neither Pruner "
+                    "arguments "
                     f"({', '.join(sorted(allowed))}) nor options of backbone "
                     f"{base['name']!r} ({', '.join(sorted(accepted)) or 'none'})"
                 )
@@ -549,10 +551,12 @@ def _leave_misfits_dense(model: nn.Module, settings: PrunerConfig) -> PrunerConf
     if not misfits:
         return settings
     logger.warning(
-        "pattern %s: layer(s) %s cannot be split into groups of %d along the reduction "
-        "dimension; they stay dense",
+        "pattern %s: %s %s cannot be split into groups of %d along the reduction "
+        "dimension; %s dense",
         pattern,
+        plural(len(misfits), "layer"),
         ", ".join(misfits),
         pattern.m,
+        plural(len(misfits), "it stays", "they stay"),
     )
     return dataclasses.replace(settings, exclude=(*settings.exclude, *misfits))

@@ -25,7 +25,6 @@ types it returns: its settings and their checks are in
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import logging
 import math
@@ -39,12 +38,14 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from feather_sparse import distributed, plain_keys
+from feather_sparse._text import count, plural
 from feather_sparse._version import __version__
 from feather_sparse.backbones import (
     BACKBONES,
     Backbone,
     PruneTarget,
     layer_thresholds_at_most,
+    outside_inference_mode,
 )
 from feather_sparse.nm import NMBackbone, NMPattern
 from feather_sparse.nm.operator import is_transposed_linear
@@ -273,10 +274,10 @@ def _warn_dense_attention(model: nn.Module, pruned: set[str]) -> None:
     dense = [(name, n) for name, n in dense if n]
     if dense:
         logger.warning(
-            "%d nn.MultiheadAttention module(s) (%s) keep their Q/K/V projections dense "
+            "%s (%s) keep their Q/K/V projections dense "
             "(%s weights): they are the bare parameter in_proj_weight, not a layer's `weight`, "
             "so only out_proj is pruned; models that project Q/K/V with nn.Linear are pruned whole",
-            len(dense),
+            count(len(dense), "nn.MultiheadAttention module"),
             ", ".join(repr(name) for name, _ in dense[:3]) + (", ..." if len(dense) > 3 else ""),
             f"{sum(n for _, n in dense):,}",
         )
@@ -516,7 +517,7 @@ class Pruner:
             check_finite=check_finite,
             pattern=pattern,
         )
-        with _outside_inference_mode():
+        with outside_inference_mode():
             self._attach(model, config, total_steps, process_group)
 
     @classmethod
@@ -540,7 +541,7 @@ class Pruner:
             ValueError: as the constructor does for the model and ``total_steps``.
         """
         pruner = cls.__new__(cls)
-        with _outside_inference_mode():
+        with outside_inference_mode():
             pruner._attach(model, config, total_steps, process_group)
         return pruner
 
@@ -618,8 +619,6 @@ class Pruner:
         self._ended: _Ended | None = None  # set by finalize() or remove()
         self._warned_collapse: set[str] = set()
         _check_backbone_free(self.backbone)
-        if isinstance(self.backbone, NMBackbone):  # what its forward zeroes depends on p
-            self.backbone.p = float(getattr(self.operator, "p", self.backbone.p))
         self.backbone.setup(targets)
 
         # --- attach: thresholds for step 0, then the parametrizations --------
@@ -741,7 +740,7 @@ class Pruner:
         weights, group = self._local_weights()
         counts = torch.stack(
             [
-                torch.count_nonzero(self.backbone.pruned_mask(i, w, th))
+                torch.count_nonzero(self.backbone.pruned_mask(i, w, th, operator=self.operator))
                 for i, (w, th) in enumerate(zip(weights, self.thresholds()))
             ]
         )
@@ -903,8 +902,8 @@ class Pruner:
                 else "training diverged; lower the learning rate or clip gradients"
             )
             raise RuntimeError(
-                f"non-finite weights (NaN or inf) in layer(s) {', '.join(bad)} at step "
-                f"{self._step}: {why}"
+                f"non-finite weights (NaN or inf) in {plural(len(bad), 'layer')} "
+                f"{', '.join(bad)} at step {self._step}: {why}"
             )
 
     @torch.no_grad()
@@ -936,7 +935,7 @@ class Pruner:
         """Recompute the thresholds now, at ``sparsity`` (default: the schedule's)."""
         self._check_attached("update()")
         s = self.scheduled_sparsity() if sparsity is None else check_sparsity(sparsity)
-        with _outside_inference_mode():
+        with outside_inference_mode():
             self._write_thresholds(self._compute_thresholds(s))
         self._current = s
 
@@ -1220,7 +1219,15 @@ class Pruner:
             raise ValueError(
                 f"state holds {len(thresholds)} thresholds, this Pruner has {len(self.targets)}"
             )
-        with _outside_inference_mode():
+        if isinstance(self.backbone, NMBackbone):  # an N:M "threshold" is the ramp r
+            for i, t in enumerate(thresholds):  # (_check_state refused r < 0 and NaN)
+                if float(t) > 1.0:
+                    raise ValueError(
+                        f"not a valid Pruner state: thresholds[{i}] ({self.targets[i].name!r}) "
+                        f"is an N:M ramp, at most 1, got {float(t)!r} (the state is damaged, "
+                        "or was not written by this Pruner's kind); nothing was loaded"
+                    )
+        with outside_inference_mode():
             # may still refuse: nothing else set yet
             self.backbone.load_state_dict(state["backbone"])
             self._write_thresholds([t.reshape(()) for t in thresholds])
@@ -1395,20 +1402,6 @@ _STATE_CONFIG_KEYS = (
     "targets",
     "max_layer_sparsity",
 )
-
-
-def _outside_inference_mode() -> contextlib.AbstractContextManager[Any]:
-    """Leave ``torch.inference_mode``, where it is on, while the Pruner makes or writes the
-    tensors it keeps (thresholds, a backbone's state).
-
-    A tensor made in inference mode can neither be written in place outside it nor be
-    saved for the backward of a training forward, so a Pruner attached, stepped or loaded
-    inside an evaluation block would break the next training step. Checking costs
-    nanoseconds; entering the context (microseconds) only happens in inference mode.
-    """
-    if torch.is_inference_mode_enabled():
-        return torch.inference_mode(False)
-    return contextlib.nullcontext()
 
 
 #: ``torch._foreach_copy_`` (one call copying every layer's threshold), where this torch has it.

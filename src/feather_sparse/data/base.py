@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from feather_sparse._text import plural
 from feather_sparse.data.loaders import BatchTransform, Loader, TensorLoader
 from feather_sparse.registry import Registry
 
@@ -189,7 +190,8 @@ def _check_options(name: str, builder: DatasetBuilder, options: dict[str, Any]) 
     if unknown:
         choices = ", ".join(accepted) if accepted else "none"
         raise ValueError(
-            f"dataset {name!r} does not take option(s) {', '.join(unknown)}; its options: {choices}"
+            f"dataset {name!r} does not take {plural(len(unknown), 'option')} "
+            f"{', '.join(unknown)}; its options: {choices}"
         )
 
 

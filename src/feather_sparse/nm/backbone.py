@@ -24,6 +24,7 @@ statistics of the weights, hence no communication.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -78,6 +79,12 @@ class NMBackbone(Backbone):
       first applied (again at each update before the first step) is kept for
       the rest of training; the forward is then plain masking (``p`` unused).
 
+    A β or mask taken before the first step from weights of another dtype
+    than the forward meets (``model.half()`` after attaching) is taken again
+    from the converted weight at that layer's forward, so training is the same
+    as for a model converted before attaching (eager forwards; a β or mask
+    loaded from a state is kept as loaded).
+
     ``conv_order`` says how a convolution with a kernel larger than one
     element is grouped. ``"flat"`` (the default): ``m`` consecutive entries of
     the row ``weight.reshape(out, -1)``, i.e. of ``(in_channels/groups, k…)``
@@ -126,12 +133,13 @@ class NMBackbone(Backbone):
         self.freeze = bool(freeze)
         # A frozen mask is kept per local shard, but the forward sees whole weights.
         self.supports_sharding = not self.freeze
-        #: The operator's power, which decides what the forward zeroes (set by the Pruner).
-        self.p = 3.0
         self._beta: list[Tensor] | None = None
         self._masks: list[Tensor] | None = None
         self._fused: FusedNMForward | None = None
         self._at_start = True  # no training step yet: β and a frozen mask are still open
+        #: Per layer, the stored weight (its id) and dtype that β and a frozen mask were
+        #: taken from before the first step (None: nothing to take again; see :meth:`_retake`).
+        self._taken: list[tuple[int, torch.dtype]] | None = None
 
     def setup(self, targets: Sequence[PruneTarget]) -> None:
         orders = [layer_order(t.module, t.weight, self.conv_order) for t in targets]
@@ -158,6 +166,8 @@ class NMBackbone(Backbone):
 
     def advance(self, step: int, total_steps: int, final_sparsity: float) -> None:
         self._at_start = step == 0
+        if step:  # trained since: what was taken is fixed
+            self._taken = None
         if not math.isclose(final_sparsity, self.pattern.sparsity, abs_tol=1e-12):
             raise ValueError(
                 f"the {self.pattern} pattern prunes {self.pattern.sparsity:g} of the weights, "
@@ -180,11 +190,11 @@ class NMBackbone(Backbone):
                 self._beta = self._rescale_factors(weights)
                 self.release()  # forwards cached without β are stale
             if self.freeze and (self._masks is None or self._at_start):
-                self._masks = [
-                    self._ungrouped(i, nm_keep_mask(g, self.pattern)[0].reshape(g.shape))
-                    for i, g in enumerate(map(self._grouped, range(len(weights)), weights))
-                ]
+                self._masks = [self._frozen_mask(i, w) for i, w in enumerate(weights)]
                 self.release()  # masked layers take the plain path from now on
+            if self._at_start and (self.rescale or self.freeze):
+                # the stored weights (``weights`` are detached views): a forward meets those
+                self._taken = [(id(t.weight), w.dtype) for t, w in zip(self.targets, weights)]
         # One 0-d tensor per device (the Pruner copies each into its layer's buffer).
         value = torch.tensor(min(ramp, 1.0), dtype=torch.float32)
         on: dict[torch.device, Tensor] = {}
@@ -194,10 +204,13 @@ class NMBackbone(Backbone):
         ]
 
     @torch.no_grad()
-    def _rescale_factors(self, weights: Sequence[Tensor]) -> list[Tensor]:
-        """S-STE's ``β = ⟨w, S(w)⟩ / ⟨S(w), S(w)⟩`` per tensor (sums over all shards)."""
+    def _rescale_factors(
+        self, weights: Sequence[Tensor], indices: Sequence[int] | None = None
+    ) -> list[Tensor]:
+        """S-STE's ``β = ⟨w, S(w)⟩ / ⟨S(w), S(w)⟩`` per tensor (sums over all shards);
+        ``indices``: the layers ``weights`` are (default: all, in order)."""
         sums = []
-        for i, w in enumerate(weights):
+        for i, w in zip(range(len(weights)) if indices is None else indices, weights):
             w = self._grouped(i, w)
             s = nm_threshold(w, self.pattern, p=1.0).to(compute_dtype(w.dtype))
             sums.append(torch.stack([(w.to(s.dtype) * s).sum(), (s * s).sum()]).float())
@@ -210,6 +223,36 @@ class NMBackbone(Backbone):
         beta = torch.where(both[:, 1] > 0, both[:, 0] / both[:, 1].clamp_min(1e-30), 1.0)
         return [b.to(w.device) for b, w in zip(beta, weights)]
 
+    @torch.no_grad()
+    def _frozen_mask(self, index: int, weight: Tensor) -> Tensor:
+        """One-shot's N:M magnitude mask of tensor ``index``, shaped like ``weight``."""
+        grouped = self._grouped(index, weight)
+        return self._ungrouped(index, nm_keep_mask(grouped, self.pattern)[0].reshape(grouped.shape))
+
+    def _retake(self, index: int, weight: Tensor) -> None:
+        """β and the frozen mask of layer ``index`` taken again from ``weight``, when they
+        were taken before the first step from weights of another dtype.
+
+        ``model.half()`` (or ``.to(torch.bfloat16)``, ``.double()``) after attaching
+        converts the weights but reaches no state of the backbone; taken from the
+        converted weight at its first forward, they are what attaching to the converted
+        model gives. Only for the weight they were taken from, converted in place as
+        ``nn.Module.to`` does (not a tensor ``torch.func.functional_call`` puts in its
+        place), and unsharded weights (a sharded β sums over the ranks).
+        """
+        if self._taken is None or self.process_group is not None:
+            return
+        if id(weight) != self._taken[index][0]:
+            return
+        inference = torch.is_inference_mode_enabled()  # kept tensors are made outside it
+        with torch.inference_mode(False) if inference else contextlib.nullcontext():
+            if self._beta is not None:
+                self._beta[index] = self._rescale_factors([weight], [index])[0]
+            if self._masks is not None:
+                self._masks[index] = self._frozen_mask(index, weight)
+        self._taken[index] = (id(weight), weight.dtype)
+        self.release()  # forwards cached with the old β
+
     def forward_weight(
         self, index: int, weight: Tensor, threshold: Tensor, operator: Operator, theta: float
     ) -> Tensor:
@@ -218,6 +261,13 @@ class NMBackbone(Backbone):
                 f"N:M pruning applies the thresholding operators (feather, soft, hard), "
                 f"not {operator!r}"
             )
+        # compiling first: the check would be traced and guarded (a recompile after step 1)
+        if (
+            not torch.compiler.is_compiling()
+            and self._taken is not None
+            and self._taken[index][1] != weight.dtype
+        ):
+            self._retake(index, weight)
         moved = (self._masks is not None or self._beta is not None) and self._follow(
             index, weight.device
         )
@@ -316,17 +366,42 @@ class NMBackbone(Backbone):
             keep = keep | (x > t * threshold.to(t.dtype))
         return self._ungrouped(index, keep.reshape(grouped.shape))
 
-    def pruned_mask(self, index: int, weight: Tensor, threshold: Tensor) -> Tensor:
+    def pruned_mask(
+        self, index: int, weight: Tensor, threshold: Tensor, operator: Operator | None = None
+    ) -> Tensor:
         """The weights the forward zeroes: for a finite ``p`` every ``|w| <= r·T_g`` (a
         kept weight tied with ``T_g`` too); for the hard or a fixed mask the positions
-        not kept; and zero weights, wherever they are."""
-        if self._masks is None and not math.isinf(self.p):
+        not kept; and zero weights, wherever they are.
+
+        ``p`` is the operator's: ``operator`` if given, else the one the forward of
+        layer ``index`` applies (see :meth:`_power`).
+        """
+        if self._masks is None and not math.isinf(self._power(index, operator)):
             grouped = self._grouped(index, weight)
             t = group_thresholds(grouped, self.pattern)
             t = t * threshold.to(t.dtype)
             x = group_view(grouped.detach(), self.pattern).abs().to(t.dtype)
             return self._ungrouped(index, (x <= t).reshape(grouped.shape))
         return ~self.keep_mask(weight, threshold, index) | (weight.detach() == 0)
+
+    def _power(self, index: int, operator: Operator | None) -> float:
+        """The ``p`` of ``operator``, or of the operator attached to layer ``index``.
+
+        Raises:
+            ValueError: when no operator is given and the layer has none attached.
+        """
+        if operator is None:  # the attached parametrization's own operator: no copy to drift
+            plist = self.targets[index].parametrizations()
+            attached = None if plist is None else plist._modules.get("0")
+            operator = getattr(attached, "operator", None)
+        p = getattr(operator, "p", None)
+        if p is None:
+            raise ValueError(
+                f"layer {self.targets[index].name!r} has no operator attached, and which of "
+                "its weights an N:M forward zeroes depends on the operator's p: pass "
+                "operator= (the thresholding operator the forward applies, pruner.operator)"
+            )
+        return float(p)
 
     def report_threshold(self, index: int, weight: Tensor, threshold: Tensor) -> float:
         """The mean group threshold ``r·T_g`` of tensor ``index``."""
@@ -339,6 +414,9 @@ class NMBackbone(Backbone):
         """Raise unless every group of ``weight`` holds at most ``n`` nonzeros.
 
         Raises:
+            RuntimeError: when ``weight`` holds NaN or inf (a NaN weight makes its
+                whole group NaN for a finite ``p``; the Pruner's ``check_finite``
+                stops such weights unless turned off), naming the layer.
             ValueError: when the pattern is not fully applied (a ``finalize``
                 at a sparsity below the pattern's).
         """
@@ -346,8 +424,17 @@ class NMBackbone(Backbone):
             grouped = self._grouped(index, weight.detach())
             counts = (group_view(grouped, self.pattern) != 0).sum(dim=1)
         if counts.numel() and int(counts.max()) > self.pattern.n:
+            name = self.targets[index].name
+            if not bool(torch.isfinite(grouped).all()):  # NaN counts as a nonzero
+                raise RuntimeError(
+                    f"non-finite weights (NaN or inf) in layer {name!r}: the {self.pattern} "
+                    "pattern cannot be baked into it (a group holding a NaN has no threshold). "
+                    "A Pruner made with check_finite=False lets such weights through training; "
+                    "repair or reload the weights (a checkpoint from before training diverged) "
+                    "and call finalize() again"
+                )
             raise ValueError(
-                f"layer {self.targets[index].name!r} would keep {int(counts.max())} nonzeros in a "
+                f"layer {name!r} would keep {int(counts.max())} nonzeros in a "
                 f"group, more than the {self.pattern} pattern allows: finalize an N:M Pruner at "
                 "its pattern's sparsity (call finalize() without sparsity=)"
             )
@@ -363,7 +450,9 @@ class NMBackbone(Backbone):
 
         Raises:
             ValueError: naming the layer, when a saved mask or β does not fit it
-                (a state saved from another model); nothing is changed then.
+                (a state saved from another model), or is not what :meth:`state_dict`
+                writes (a bool mask; a float β, finite and > 0): the state is damaged.
+                Nothing is changed then.
         """
 
         def on(key: str, saved: Any) -> list[Tensor] | None:
@@ -383,10 +472,23 @@ class NMBackbone(Backbone):
                         f"Pruner state: the N:M backbone's {key!r} entry of layer {t.name!r} "
                         f"has shape {got}, the layer needs {want}: it was saved from another model"
                     )
+                if key == "masks":
+                    bad, got, written = s.dtype != torch.bool, str(s.dtype), "a bool mask"
+                else:  # a NaN, zero or negative β would scale the layer's forward unseen
+                    value = float(s) if s.is_floating_point() else math.nan
+                    bad, got = not (math.isfinite(value) and value > 0), repr(s.item())
+                    written = "a float β, finite and > 0"
+                if bad:
+                    raise ValueError(
+                        f"not a valid Pruner state: the N:M backbone's {key!r} entry of layer "
+                        f"{t.name!r} is {got}, where state_dict() writes {written} (the state "
+                        "is damaged, or was not written by Pruner.state_dict); nothing was loaded"
+                    )
             return [s.to(t.weight.device) for s, t in zip(saved, self.targets)]
 
         beta, masks = on("beta", state.get("beta")), on("masks", state.get("masks"))
         self._beta, self._masks = beta, masks
+        self._taken = None  # kept as loaded
         self.release()
 
     def config(self) -> dict[str, Any]:

@@ -633,7 +633,7 @@ def _check_world_size(run_path: Path, world_size: int) -> None:
             " (one process)" if recorded == 1 else ""
         )
         raise ValueError(
-            f"cannot resume: {run_path} was trained by {recorded} process(es), this is "
+            f"cannot resume: {run_path} was trained by {_text.count(recorded, 'process')}, this is "
             f"{world_size}; the global batch and the steps per epoch depend on it: resume "
             f"with {launch}"
         )
