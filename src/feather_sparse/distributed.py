@@ -11,7 +11,9 @@ zeros and writes thresholds; this module hides where those weights live.
   shard (:func:`local_weights`, :func:`on_local_shard`) and counts or maxima
   are all-reduced over the group the weights are sharded on
   (:func:`all_reduce_sum`, :func:`all_reduce_max`), so every rank gets the
-  exact global threshold without gathering a weight.
+  exact global threshold without gathering a weight. A whole tensor loaded
+  into a sharded weight (a full state dict) is cut to this rank's part
+  (:func:`shard_like`).
 
 For plain tensors (one process, or DDP) nothing here communicates.
 """
@@ -44,6 +46,7 @@ __all__ = [
     "reconnect_ddp",
     "refuse_sharded_model",
     "shard_group",
+    "shard_like",
     "to_local",
 ]
 
@@ -76,6 +79,33 @@ def full_tensor(w: Tensor) -> Tensor:
         return w
     whole: Tensor = w.full_tensor()  # type: ignore[attr-defined]
     return whole
+
+
+def shard_like(value: Any, like: Tensor) -> Any:
+    """A whole tensor ``value`` laid out as the DTensor ``like`` (this rank's part).
+
+    For a full state dict that every rank holds (what
+    ``torch.distributed.checkpoint``'s ``set_model_state_dict`` with
+    ``full_state_dict=True`` expects): each rank cuts its part from its own
+    copy, with no communication, so one layer's load can call it alone.
+    ``value`` comes back as it is when ``like`` is not a DTensor, or ``value``
+    is not a plain tensor of ``like``'s whole shape (a DTensor already, a
+    shard, a wrong shape: loading reports it).
+    """
+    dtensor = dtensor_type()
+    if (
+        dtensor is None
+        or not isinstance(like, dtensor)
+        or not isinstance(value, Tensor)
+        or isinstance(value, dtensor)
+        or value.shape != like.shape
+    ):
+        return value
+    from torch.distributed.tensor import distribute_tensor
+
+    d: Any = like
+    local = value.detach().to(device=d.to_local().device)
+    return distribute_tensor(local, d.device_mesh, d.placements, src_data_rank=None)
 
 
 def on_local_shard(fn: Callable[[Tensor], Tensor], w: Tensor) -> Tensor:

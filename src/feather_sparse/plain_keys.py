@@ -16,25 +16,58 @@ Pruner is attached, every layer it parametrizes therefore carries a
   schedule travel in ``pruner.state_dict()``);
 * ``model.load_state_dict()`` takes such a state (or a plain model's, or one
   saved with the parametrization keys by an earlier version) and loads it
-  into the stored dense weights.
+  into the stored dense weights; a whole tensor for a weight FSDP2 shards
+  loads as this rank's part of it (a full state dict, as DCP's
+  ``set_model_state_dict(..., StateDictOptions(full_state_dict=True))`` passes).
+
+``torch.distributed.checkpoint``'s ``get_model_state_dict`` resolves every
+key of ``model.state_dict()`` to the object it names, attribute by attribute;
+``<layer>.weight`` would evaluate the parametrization (the operator on the
+whole weight, which fails on FSDP2's sharded storage). Each layer therefore
+also tells DCP, through the ``_fqn_modifiers`` method DCP looks up on a
+module whose ``state_dict`` hooks rename keys, that its ``weight`` key lives
+in its ``parametrizations`` child (:class:`_WeightInParametrizations`).
 
 :meth:`~feather_sparse.Pruner.finalize` and
-:meth:`~feather_sparse.Pruner.remove` take the hooks off again.
+:meth:`~feather_sparse.Pruner.remove` take the hooks and the lookup off again.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import MutableMapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from typing import Any, Protocol
 
 from torch import Tensor, nn
-from torch.utils.hooks import RemovableHandle
 
-__all__ = ["ORIGINAL", "install"]
+from feather_sparse import distributed
+
+__all__ = ["FQN_MODIFIERS", "ORIGINAL", "SHARDED_MISSING", "Removable", "install"]
 
 #: Where ``parametrize`` keeps a layer's weight, relative to the layer.
 ORIGINAL = "parametrizations.weight.original"
+
+#: The method ``torch.distributed.checkpoint.state_dict`` calls on a module to map
+#: the keys its ``state_dict`` hooks rename (``StateDictOptions``' ``dsd_fqn_modifiers``).
+FQN_MODIFIERS = "_fqn_modifiers"
+
+#: Added to a strict load's errors when an FSDP2-sharded layer finds neither of its
+#: weight's keys: the likely cause, and what to do instead.
+SHARDED_MISSING = (
+    "pruned weights are missing from the state loaded into this FSDP2 model (the missing "
+    "keys ending in .parametrizations.weight.original). If the state comes from "
+    "set_model_state_dict(..., StateDictOptions(full_state_dict=True, "
+    "broadcast_from_rank0=True)): that option hands the ranks other than 0 only the entries "
+    "named as parameters, and a pruned weight's key (its plain name) is not one; give every "
+    "rank the whole state and leave broadcast_from_rank0 off, or load a sharded checkpoint "
+    "with torch.distributed.checkpoint (docs/distributed.md)"
+)
+
+
+class Removable(Protocol):
+    """What :func:`install` returns: a hook or attribute to take off again."""
+
+    def remove(self) -> None: ...
 
 
 def _save_hook(
@@ -68,36 +101,56 @@ def _save_hook(
 
 
 def _load_hook(
-    module: nn.Module, state_dict: MutableMapping[str, Any], prefix: str, *_: Any
+    module: nn.Module,
+    state_dict: MutableMapping[str, Any],
+    prefix: str,
+    local_metadata: Any,
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
 ) -> None:
     """Move a plain ``<prefix>weight`` entry to the parametrization's ``original``.
 
     Runs before the module and its children load, so the renamed entry then
     reaches the parametrization like any other key. A state with only the
-    parametrization key (saved by an earlier version) loads as it is.
+    parametrization key (saved by an earlier version) loads as it is. A whole
+    tensor for a weight FSDP2 shards (a full state dict) loads as this rank's
+    part of it (:func:`~feather_sparse.distributed.shard_like`).
 
     Raises:
         RuntimeError: when the state holds both keys with different tensors
             (which to load is ambiguous). Both keys with the module's own
             stored weight under the parametrization key — what
             ``torch.distributed.checkpoint``'s ``set_model_state_dict`` adds
-            from ``named_parameters()`` — load the plain key's value.
+            from ``named_parameters()`` — load the plain key's value. A strict
+            load into an FSDP2-sharded layer with neither key adds the likely
+            cause and its fix to the load's error.
     """
     parametrizations: Any = module._modules.get("parametrizations")
     if parametrizations is None or "weight" not in parametrizations:
         return
     plain, original = prefix + "weight", prefix + ORIGINAL
+    stored = parametrizations.weight.original
     if plain not in state_dict:
+        sharded = strict and original not in state_dict and _is_dtensor(stored)
+        if sharded and SHARDED_MISSING not in error_msgs:  # once, after torch's missing keys
+            error_msgs.append(SHARDED_MISSING)
         return
     if original in state_dict:
-        if not _same_tensor(state_dict[original], parametrizations.weight.original):
+        if not _same_tensor(state_dict[original], stored):
             raise RuntimeError(
                 f"the state holds both {plain!r} and {original!r}, the same weight under "
                 "its plain name and its parametrize name: keep one of them (the plain name "
                 "is what model.state_dict() gives while a Pruner is attached)"
             )
         del state_dict[original]
-    state_dict[original] = state_dict.pop(plain)
+    state_dict[original] = distributed.shard_like(state_dict.pop(plain), stored)
+
+
+def _is_dtensor(value: Any) -> bool:
+    dtensor = distributed.dtensor_type()
+    return dtensor is not None and isinstance(value, dtensor)
 
 
 def _same_tensor(a: Any, b: Tensor) -> bool:
@@ -112,7 +165,69 @@ def _same_tensor(a: Any, b: Tensor) -> bool:
         return False
 
 
-def install(modules: Sequence[tuple[nn.Module, Sequence[str]]]) -> list[RemovableHandle]:
+class _WeightInParametrizations:
+    """A parametrized layer's answer to DCP's ``_fqn_modifiers()``.
+
+    DCP asks the mapping two questions, and the answers differ here:
+
+    * ``get(name)`` (resolving a ``state_dict`` key): ``"weight"`` is found in
+      the child ``parametrizations``, so ``<layer>.weight`` resolves to
+      ``<layer>.parametrizations.weight`` without evaluating the parametrized
+      weight;
+    * ``values()`` (the child names to leave out of the parameters' FQNs):
+      none of ours, so the stored weight's FQN stays
+      ``<layer>.parametrizations.weight.original``, its ``named_parameters``
+      name, by which ``get_optimizer_state_dict`` and
+      ``set_optimizer_state_dict`` key its optimizer state.
+
+    A layer that has ``_fqn_modifiers`` of its own keeps its answers for the
+    other names.
+    """
+
+    def __init__(self, inner: Mapping[str, str]) -> None:
+        self.inner = inner
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        if name == "weight":
+            return "parametrizations"
+        return self.inner.get(name, default)
+
+    def values(self) -> Iterable[str]:
+        return self.inner.values()
+
+
+class _FqnModifiers:
+    """The ``_fqn_modifiers`` method installed on a parametrized layer (picklable)."""
+
+    def __init__(self, previous: Callable[[], Mapping[str, str]] | None) -> None:
+        self.previous = previous
+
+    def __call__(self) -> _WeightInParametrizations:
+        return _WeightInParametrizations({} if self.previous is None else self.previous())
+
+
+_ABSENT = object()
+
+
+class _AttributeHandle:
+    """Sets an instance attribute of a module; ``remove()`` takes it off again (restoring
+    one it replaced)."""
+
+    def __init__(self, module: nn.Module, name: str, value: Any) -> None:
+        self.module, self.name, self.value = module, name, value
+        self.replaced = module.__dict__.get(name, _ABSENT)
+        module.__dict__[name] = value
+
+    def remove(self) -> None:
+        if self.module.__dict__.get(self.name) is not self.value:
+            return  # removed already, or set anew by someone else
+        if self.replaced is _ABSENT:
+            del self.module.__dict__[self.name]
+        else:
+            self.module.__dict__[self.name] = self.replaced
+
+
+def install(modules: Sequence[tuple[nn.Module, Sequence[str]]]) -> list[Removable]:
     """Give each parametrized module plain ``weight`` keys in ``state_dict`` and loading.
 
     Args:
@@ -122,9 +237,10 @@ def install(modules: Sequence[tuple[nn.Module, Sequence[str]]]) -> list[Removabl
             twice gets its hooks once.
 
     Returns:
-        The hooks' handles; removing them all restores the parametrization keys.
+        The hooks' handles (and the ``_fqn_modifiers`` attribute's); removing
+        them all restores the parametrization keys.
     """
-    handles: list[RemovableHandle] = []
+    handles: list[Removable] = []
     seen: set[int] = set()
     for module, names in modules:
         if id(module) in seen:
@@ -136,4 +252,6 @@ def install(modules: Sequence[tuple[nn.Module, Sequence[str]]]) -> list[Removabl
             module.register_state_dict_post_hook(functools.partial(_save_hook, preceding))
         )
         handles.append(module.register_load_state_dict_pre_hook(_load_hook))
+        previous = getattr(module, FQN_MODIFIERS, None)
+        handles.append(_AttributeHandle(module, FQN_MODIFIERS, _FqnModifiers(previous)))
     return handles
