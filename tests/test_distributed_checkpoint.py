@@ -10,6 +10,13 @@ by FSDP2 (``fully_shard``) and wrapped in DDP: ``get_model_state_dict``
 resume in fresh processes that ends bit for bit where the uninterrupted run
 does (docs/distributed.md, "Checkpointing with torch.distributed.checkpoint").
 
+The scenarios include backbones whose state gains tensors during training
+(N:M with ``rescale`` or ``freeze`` after a cubic ramp, Spartan after its
+freeze): their state keeps one structure from the start, so DCP loads a
+state saved after the tensors were taken into a fresh Pruner's state. And
+under FSDP2, ``layer.weight`` read outside the forward (where the stored
+weight is sharded) is ``P_T(w)`` computed on each rank's shard.
+
 Two launches (save, then resume in fresh processes) run every scenario;
 the tests check their per-rank results, and load what was saved into
 one-process models.
@@ -39,8 +46,20 @@ pytestmark = pytest.mark.skipif(
 
 WORLD = 2
 HALF, STEPS = 3, 6  # checkpoint after HALF steps, of STEPS in all
-#: (how the model is distributed, how it is pruned)
-SCENARIOS = [("fsdp2", "unstructured"), ("fsdp2", "2:4"), ("ddp", "unstructured"), ("ddp", "2:4")]
+#: Backbones whose state gains tensors during training: by HALF (the end of the
+#: cubic ramp, Spartan's freeze), after a fresh Pruner's state was made.
+GAINING = ["2:4-rescale", "2:4-freeze", "spartan"]
+#: (how the model is distributed, how it is pruned). A frozen N:M mask and Spartan
+#: take no sharded weights: DDP for them.
+SCENARIOS = [
+    ("fsdp2", "unstructured"),
+    ("fsdp2", "2:4"),
+    ("ddp", "unstructured"),
+    ("ddp", "2:4"),
+    ("fsdp2", "2:4-rescale"),
+    ("ddp", "2:4-freeze"),
+    ("ddp", "spartan"),
+]
 ORIGINAL = "parametrizations.weight.original"
 
 
@@ -54,8 +73,17 @@ def _net(seed: int = 0) -> nn.Module:
 
 
 def _attach(model: nn.Module, kind: str) -> fs.Pruner:
+    from feather_sparse.baselines import SpartanBackbone
+    from feather_sparse.nm.backbone import NMBackbone
+
     if kind == "2:4":
         return fs.Pruner(model, pattern="2:4")
+    if kind in ("2:4-rescale", "2:4-freeze"):  # the cubic ramp ends at STEPS / 2 = HALF
+        option = {kind.removeprefix("2:4-"): True}
+        backbone = NMBackbone("2:4", **option)
+        return fs.Pruner(model, 0.5, STEPS, backbone=backbone, schedule="cubic")
+    if kind == "spartan":  # frozen at STEPS / 2 = HALF
+        return fs.Pruner(model, 0.5, STEPS, backbone=SpartanBackbone(freeze_at=0.5))
     # the cubic schedule moves the threshold every step: a resume at the wrong step shows
     return fs.Pruner(model, sparsity=0.5, total_steps=STEPS)
 
@@ -134,8 +162,12 @@ def _save_one(rank: int, how: str, kind: str, root: Path) -> dict[str, Any]:
     pruner = _attach(model, kind)
     trained, _ = _distribute(model, how)
     opt = torch.optim.Adam(trained.parameters(), lr=0.01)
+    out: dict[str, Any] = {"fresh": pruner.state_dict()["backbone"]}
     _train(trained, opt, pruner, rank, 0, HALF)
-    out: dict[str, Any] = {}
+    out["pruner"] = pruner.state_dict()
+    if how == "fsdp2":
+        out["read"] = _recorded(functools.partial(_read_weights, model))
+        out["pruned"] = pruner.dense_state_dict(pruned=True, full=True)
     sharded = get_model_state_dict(trained)
     out["keys"] = list(sharded)
     out["sharded"] = _whole(sharded)
@@ -160,6 +192,16 @@ def _save_one(rank: int, how: str, kind: str, root: Path) -> dict[str, Any]:
     _train(trained, opt, pruner, rank, HALF, STEPS)
     out["final"] = _stored(model)
     return out
+
+
+def _read_weights(model: nn.Module) -> dict[str, Any]:
+    """Each pruned ``<layer>.weight`` read outside the forward: its type, and the value
+    gathered whole."""
+    read = {f"{i}.weight": model[i].weight for i in (0, 2, 4)}
+    return {
+        "types": {type(w).__name__ for w in read.values()},
+        "whole": {key: distributed.full_tensor(w).detach().clone() for key, w in read.items()},
+    }
 
 
 def _fsdp2_full_loads(
@@ -220,11 +262,55 @@ def _ddp_wrapper_load(kind: str, state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: N:M layers sharded so that each rank's part holds whole groups, or splits them:
+#: (layer, its input features, the tensor dimension fully_shard shards)
+SHARDINGS = {
+    "linear-dim1-whole": ("linear", 16, 1),  # (8, 16) cut into (8, 8): 2 groups a row each
+    "linear-dim1-split": ("linear", 12, 1),  # (8, 12) cut into (8, 6): a group cut in two
+    "conv1d-whole": ("conv1d", 16, 0),  # GPT-2's (in, out): (16, 8) cut into (8, 8)
+    "conv1d-split": ("conv1d", 12, 0),  # (12, 8) cut into (6, 8)
+}
+
+
+def _sharded_layer(layer: str, inputs: int) -> nn.Module:
+    torch.manual_seed(0)
+    if layer == "linear":
+        return nn.Sequential(nn.Linear(inputs, 8))
+    from transformers.pytorch_utils import Conv1D
+
+    return nn.Sequential(Conv1D(8, inputs))
+
+
+def _read_sharded(rank: int, name: str) -> dict[str, Any]:
+    """An N:M layer's weight read outside the forward under FSDP2, and in one process."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+
+    layer, inputs, dim = SHARDINGS[name]
+    whole = _sharded_layer(layer, inputs)
+    whole_pruner = fs.Pruner(whole, pattern="2:4")
+    model = _sharded_layer(layer, inputs)
+    pruner = fs.Pruner(model, pattern="2:4")
+    fully_shard(model, shard_placement_fn=lambda p: Shard(dim) if p.dim() > 1 else None)
+    local = distributed.to_local(model[0].parametrizations.weight.original)
+    out: dict[str, Any] = {"one_process": whole[0].weight.detach().clone()}
+    out["local_shape"] = tuple(local.shape)
+    try:
+        out["read"] = model[0].weight.to_local().detach().clone()
+    except ValueError as err:
+        out["refused"] = str(err)
+    del whole_pruner, pruner  # attached until here
+    return out
+
+
 def _save_all(rank: int, world: int, root: str) -> dict[Any, Any]:
-    return {
+    out: dict[Any, Any] = {
         (how, kind): _recorded(functools.partial(_save_one, rank, how, kind, Path(root)))
         for how, kind in SCENARIOS
     }
+    for name in SHARDINGS:
+        out[name] = _recorded(functools.partial(_read_sharded, rank, name))
+    return out
 
 
 # ---------------------------------------------------------------- launch 2: resume
@@ -252,6 +338,7 @@ def _resume_one(rank: int, how: str, kind: str, root: Path) -> dict[str, Any]:
     set_optimizer_state_dict(target, opt, state["optim"])
     pruner.load_state_dict(state["pruner"])
     out: dict[str, Any] = {"step": pruner.current_step}
+    out["backbone"] = pruner.state_dict()["backbone"]
     out["loaded"] = _stored(model)
     out["adam"] = _adam(model, opt)
     _train(trained, opt, pruner, rank, HALF, STEPS)
@@ -430,6 +517,185 @@ def test_ddp_set_model_state_dict_takes_the_model_inside_the_wrapper(
         assert out["wrapper_error"][False] == ["0.weight", "2.weight", "4.weight"]
 
 
+# ---------------------------------------------------------------- reading outside the forward
+@guard(
+    "`layer.weight` read outside the forward of an FSDP2-sharded model with a Pruner attached "
+    "(logging, a metric, `torch.save(layer.weight)`), where FSDP2 leaves the stored weight sharded",
+    "`P_T(w)` computed on each rank's shard, a DTensor laid out as the stored weight; gathered, "
+    "the value one process computes",
+)
+@pytest.mark.parametrize("kind", ["unstructured", "2:4", "2:4-rescale"])
+def test_a_pruned_weight_read_outside_the_fsdp2_forward_is_the_one_process_value(
+    saved: list[dict[Any, Any]], kind: str
+) -> None:
+    for rank, out in enumerate(_ok(saved, ("fsdp2", kind))):
+        read = out["read"]
+        assert "error" not in read, f"rank {rank}:\n{read['error']}"
+        assert read["types"] == {"DTensor"}
+        model = _net(seed=1)  # one process, at the saved weights and thresholds (and β)
+        pruner = _attach(model, kind)
+        model.load_state_dict(out["dense"])
+        pruner.load_state_dict(out["pruner"])
+        _assert_equal(read["whole"], {key: model[int(key[0])].weight for key in read["whole"]})
+        _assert_equal(read["whole"], {key: out["pruned"][key] for key in read["whole"]})
+
+
+def _sharded(saved: list[dict[Any, Any]], name: str) -> list[dict[str, Any]]:
+    runs = [run[name] for run in saved]
+    for rank, out in enumerate(runs):
+        if "error" in out and "No module named 'transformers'" in out["error"]:
+            pytest.skip("needs transformers (GPT-2's Conv1D)")
+        assert "error" not in out, f"rank {rank}:\n{out['error']}"
+    return runs
+
+
+@pytest.mark.parametrize("name", ["linear-dim1-whole", "conv1d-whole"])
+def test_a_shard_across_the_nm_groups_that_keeps_them_whole_reads_exactly(
+    saved: list[dict[Any, Any]], name: str
+) -> None:
+    """A shard along the dimension the groups run through, cut at a multiple of M, holds
+    whole groups: each rank's part is the one-process weight's part."""
+    dim = SHARDINGS[name][2]
+    for rank, out in enumerate(_sharded(saved, name)):
+        part = out["one_process"].chunk(WORLD, dim)[rank]
+        assert out["local_shape"] == tuple(part.shape) == (8, 8)
+        assert torch.equal(out["read"], part)
+
+
+@guard(
+    "an N:M layer's `weight` read outside the forward under FSDP2, where this rank's shard "
+    "splits the layer's groups (GPT-2's `Conv1D`, stored (in, out), cut at a row that is not "
+    "a multiple of M; a `shard_placement_fn` sharding across the groups)",
+    "`ValueError` naming the layer, the shard and how to shard it instead (the forward, which "
+    "gathers the whole weight, is not affected)",
+)
+@pytest.mark.parametrize("name", ["linear-dim1-split", "conv1d-split"])
+def test_a_shard_that_splits_nm_groups_is_refused_naming_the_layer(
+    saved: list[dict[Any, Any]], name: str
+) -> None:
+    for out in _sharded(saved, name):
+        assert "read" not in out
+        message = out["refused"]
+        assert "layer '0'" in message and f"shard {out['local_shape']}" in message
+        assert "splits its 2:4 groups" in message and "shard_placement_fn" in message
+
+
+# ---------------------------------------------------------------- states gaining tensors
+def _structure(state: Any) -> Any:
+    """The layout of a state: its keys and, for each tensor, its shape and dtype."""
+    if isinstance(state, dict):
+        return {key: _structure(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [_structure(value) for value in state]
+    if isinstance(state, Tensor):
+        return ("tensor", tuple(state.shape), state.dtype)
+    return type(state).__name__
+
+
+def _taken(kind: str, backbone: dict[str, Any]) -> bool:
+    """Whether a backbone state holds the tensors taken during training."""
+    return bool(backbone["frozen"] if kind == "spartan" else backbone["taken"])
+
+
+def _assert_same_state(got: Any, want: Any) -> None:
+    assert _structure(got) == _structure(want)
+    if isinstance(want, dict):
+        for key, value in want.items():
+            _assert_same_state(got[key], value)
+    elif isinstance(want, (list, tuple)):
+        for a, b in zip(got, want):
+            _assert_same_state(a, b)
+    elif isinstance(want, Tensor):
+        assert torch.equal(got, want)
+    else:
+        assert got == want
+
+
+@guard(
+    "`dcp.load` of a Pruner state saved after its backbone took tensors during training (N:M "
+    "`rescale=True` or `freeze=True` after a ramp, Spartan after its freeze) into a fresh "
+    "Pruner's `state_dict()`",
+    "loads: a backbone's state has the same keys and tensor shapes from `setup()` on "
+    "(placeholders and a flag until taken); the run resumes bit for bit",
+)
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s[1] in GAINING], ids="-".join)
+def test_a_backbone_state_that_gains_tensors_resumes_through_dcp(
+    saved: list[dict[Any, Any]], resumed: list[dict[Any, Any]], scenario: tuple[str, str]
+) -> None:
+    kind = scenario[1]
+    for before, after in zip(_ok(saved, scenario), _ok(resumed, scenario)):
+        fresh, trained = before["fresh"], before["pruner"]["backbone"]
+        assert not _taken(kind, fresh) and _taken(kind, trained)  # gained during training
+        assert _structure(fresh) == _structure(trained)
+        _assert_same_state(after["backbone"], trained)
+        assert after["step"] == HALF
+        _assert_equal(after["final"], before["final"])
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("kind", GAINING)
+def test_a_state_that_gains_tensors_resumes_through_dcp_in_one_process(
+    tmp_path: Path, kind: str
+) -> None:
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    model = _net()
+    pruner = _attach(model, kind)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no state of its own to carry
+    _train(model, opt, pruner, 0, 0, HALF)
+    saved = pruner.state_dict()
+    assert _taken(kind, saved["backbone"])
+    state = {"model": get_model_state_dict(model), "pruner": saved}
+    dcp.save(state, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    _train(model, opt, pruner, 0, HALF, STEPS)
+
+    fresh_model = _net(seed=1)
+    fresh = _attach(fresh_model, kind)
+    state = {"model": get_model_state_dict(fresh_model), "pruner": fresh.state_dict()}
+    dcp.load(state, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    set_model_state_dict(fresh_model, state["model"])
+    fresh.load_state_dict(state["pruner"])
+    assert fresh.current_step == HALF
+    _assert_same_state(fresh.state_dict(), saved)
+    fresh_opt = torch.optim.SGD(fresh_model.parameters(), lr=0.1)
+    _train(fresh_model, fresh_opt, fresh, 0, HALF, STEPS)
+    _assert_equal(_stored(fresh_model), _stored(model))
+
+
+def _earlier(kind: str, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` as versions before the fixed structure wrote it: None (N:M) or no masks
+    (Spartan) for tensors not taken yet, and no ``"taken"``."""
+    backbone = dict(state["backbone"])
+    if kind == "spartan":
+        if not backbone["frozen"]:
+            backbone["frozen_masks"] = []
+    else:
+        taken = backbone.pop("taken")
+        backbone = {key: value if taken else None for key, value in backbone.items()}
+    return {**state, "backbone": backbone}
+
+
+@pytest.mark.parametrize("steps", [1, HALF], ids=["not-taken", "taken"])
+@pytest.mark.parametrize("kind", GAINING)
+def test_a_state_saved_by_an_earlier_version_resumes_as_before(kind: str, steps: int) -> None:
+    model = _net()
+    pruner = _attach(model, kind)
+    _train(model, torch.optim.SGD(model.parameters(), lr=0.1), pruner, 0, 0, steps)
+    state = pruner.state_dict()
+    assert _taken(kind, state["backbone"]) == (steps == HALF)
+    finals = []
+    for given in (state, _earlier(kind, state)):
+        resumed = _net(seed=1)
+        resumed.load_state_dict(model.state_dict())
+        again = _attach(resumed, kind)
+        again.load_state_dict(given)
+        _assert_same_state(again.state_dict(), state)
+        _train(resumed, torch.optim.SGD(resumed.parameters(), lr=0.1), again, 0, steps, STEPS)
+        finals.append(_stored(resumed))
+    _assert_equal(finals[1], finals[0])
+
+
 # ---------------------------------------------------------------- one process
 def test_get_model_state_dict_does_not_compute_the_pruned_weights(
     monkeypatch: pytest.MonkeyPatch,
@@ -490,35 +756,3 @@ def test_a_compiled_model_takes_dcp_set_functions_through_the_model_it_compiled(
         set_model_state_dict(compiled, dict(changed))
     set_model_state_dict(model, dict(changed))
     _assert_equal(pruner.dense_state_dict(), changed)
-
-
-def _frozen_nm() -> tuple[nn.Module, fs.Pruner]:
-    from feather_sparse.nm.backbone import NMBackbone
-
-    model = _net()
-    backbone = NMBackbone("2:4", freeze=True)
-    return model, fs.Pruner(model, 0.5, STEPS, backbone=backbone, schedule="cubic")
-
-
-@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-def test_a_pruner_state_that_gains_tensors_is_saved_beside_the_checkpoint(tmp_path: Path) -> None:
-    """DCP loads into the fresh Pruner's state: masks frozen during training are not in it."""
-    from torch.distributed import checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    model, pruner = _frozen_nm()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    _train(model, opt, pruner, 0, 0, STEPS)  # the ramp ends at STEPS / 2: masks frozen
-    assert pruner.state_dict()["backbone"]["masks"] is not None
-    dcp.save({"pruner": pruner.state_dict()}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
-    model, fresh = _frozen_nm()
-    state = {"pruner": fresh.state_dict()}
-    missing = r"Missing key in checkpoint state_dict: pruner\.backbone\.masks"
-    with pytest.raises(CheckpointException, match=missing):
-        dcp.load(state, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
-    # the recipe of docs/distributed.md: the Pruner's state beside the checkpoint
-    torch.save(pruner.state_dict(), tmp_path / "pruner.pt")
-    fresh.load_state_dict(torch.load(tmp_path / "pruner.pt", weights_only=True))
-    assert fresh.current_step == STEPS
-    saved = pruner.state_dict()["backbone"]["masks"]
-    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict()["backbone"]["masks"], saved))

@@ -497,16 +497,33 @@ class SpartanBackbone(Backbone):
         return weight.abs() <= threshold
 
     def state_dict(self) -> dict[str, Any]:
+        """β, the phase, the sparsity, the threshold and the frozen masks.
+
+        The structure is fixed from :meth:`setup` on: ``"frozen_masks"`` holds
+        one tensor per layer, shaped like its weight and in its dtype, on the CPU,
+        before the freeze too (zeros then: ``"frozen"`` says they are not taken),
+        so that ``torch.distributed.checkpoint`` loads a state saved after the
+        freeze into a fresh Pruner's state.
+        """
+        if self.frozen:
+            masks = [m.detach().cpu().clone() for m in self._frozen_masks]
+        else:
+            masks = [torch.zeros(t.weight.shape, dtype=t.weight.dtype) for t in self.targets]
+        threshold = self._threshold
         return {
             "beta": self.beta,
             "frozen": self.frozen,
             "sparsity": self._sparsity,
-            "threshold": None if self._threshold is None else self._threshold.detach().cpu(),
-            "frozen_masks": [m.detach().cpu().clone() for m in self._frozen_masks],
+            "threshold": torch.zeros(()) if threshold is None else threshold.detach().cpu().clone(),
+            "frozen_masks": masks,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore; the soft masks are recomputed from the (restored) weights, as at that step."""
+        """Restore; the soft masks are recomputed from the (restored) weights, as at that step.
+
+        Reads what :meth:`state_dict` writes and the states of earlier versions
+        (no masks before the freeze, no threshold before the first update).
+        """
         self.beta = float(state["beta"])
         self.frozen = bool(state["frozen"])
         self._sparsity = float(state["sparsity"])

@@ -90,6 +90,14 @@ class FeatherParametrization(nn.Module):
     With ``backbone`` given (backbones that override
     :meth:`~feather_sparse.backbones.Backbone.forward_weight`, e.g. ASL+ and
     Spartan), the forward is ``backbone.forward_weight(index, weight, ...)``.
+
+    FSDP2 hands the forward its gathered, plain weight, but leaves the stored
+    weight sharded (a DTensor) outside it: reading ``layer.weight`` there maps
+    the operator over this rank's shard and gives a DTensor laid out as the
+    stored one (:func:`~feather_sparse.distributed.on_local_shard`). A dim-0
+    shard holds whole rows, so each shard's values are those of the whole
+    weight (N:M groups lie within a row, for the backbones that take sharded
+    weights).
     """
 
     threshold: Tensor
@@ -112,6 +120,15 @@ class FeatherParametrization(nn.Module):
         self.cache = OutputCache()
 
     def forward(self, weight: Tensor) -> Tensor:
+        # A sharded weight (FSDP2, outside its forward) is a DTensor. The exact-type
+        # tests cost ~15 ns where isinstance(weight, DTensor) costs ~70, and the
+        # compiler folds them (no guard, no graph break).
+        if (
+            type(weight) is not nn.Parameter
+            and type(weight) is not Tensor
+            and isinstance(weight, distributed.dtensor_type() or ())
+        ):
+            return self._sharded(weight)
         if self.backbone is not None:
             return self.backbone.forward_weight(
                 self.index, weight, self.threshold, self.operator, self.theta
@@ -119,6 +136,21 @@ class FeatherParametrization(nn.Module):
         if isinstance(self.operator, ThresholdOperator):
             return self.operator(weight, self.threshold, self.theta, cache=self.cache)
         return self.operator(weight, self.threshold, self.theta)
+
+    def _sharded(self, weight: Tensor) -> Tensor:
+        """The forward of a sharded weight (a DTensor), mapped over this rank's shard."""
+        if isinstance(self.backbone, NMBackbone):  # groups split by the shard cannot be computed
+            self.backbone.check_shard(self.index, weight)
+        return distributed.on_local_shard(self._shard_forward, weight)
+
+    def _shard_forward(self, local: Tensor) -> Tensor:
+        """The forward of one rank's shard, without the output cache (it keeps the
+        memory of the whole weight the training forward meets)."""
+        if self.backbone is not None:
+            return self.backbone.forward_weight(
+                self.index, local, self.threshold, self.operator, self.theta
+            )
+        return self.operator(local, self.threshold, self.theta)
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
         # ``model.half()``/``model.to(torch.bfloat16)`` after attaching converts every

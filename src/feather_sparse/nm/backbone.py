@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget, on_device
-from feather_sparse.distributed import dtensor_type
+from feather_sparse.distributed import dtensor_type, to_local
 from feather_sparse.nm import fused as _fused
 from feather_sparse.nm.fused import FusedNMForward
 from feather_sparse.nm.operator import (
@@ -320,6 +320,40 @@ class NMBackbone(Backbone):
             scale=None if self._beta is None else self._beta[index],
         )
 
+    def check_shard(self, index: int, weight: Tensor) -> None:
+        """Raise unless this rank's shard of layer ``index``'s sharded ``weight`` (a
+        DTensor) holds whole groups, so that the forward of the shard alone is the
+        whole weight's forward there.
+
+        A dim-0 shard holds whole rows, hence whole groups. A shard along a dimension
+        the groups run through (the first of a weight stored ``(in, out)``, or one
+        ``shard_placement_fn`` chose) holds whole groups when its blocks begin and
+        end on group boundaries, which the length of its block in a row tells (the
+        shards are ``torch.chunk``'s: only the last one can be shorter, and it ends
+        the row).
+
+        Raises:
+            ValueError: naming the layer, the shard and what to do instead.
+        """
+        d: Any = weight  # a DTensor
+        local = to_local(d)
+        whole = self._grouped(index, torch.empty(d.shape, device="meta")).shape
+        part = self._grouped(index, local).shape
+        m = self.pattern.m
+        for g in range(1, len(whole)):
+            inner = math.prod(whole[g + 1 :])
+            if part[g] != whole[g] and (whole[g] * inner % m or part[g] * inner % m):
+                name = self.targets[index].name
+                raise ValueError(
+                    f"layer {name!r}: this rank's shard {tuple(local.shape)} of its weight "
+                    f"{tuple(d.shape)} (placements {tuple(d.placements)}) splits "
+                    f"its {self.pattern} groups, so its pruned weight cannot be computed from "
+                    "the shard outside the forward (the forward gathers the whole weight and "
+                    "is not affected). Shard the layer along a dimension its groups do not "
+                    f"run through (fully_shard(..., shard_placement_fn=...)), or on a number "
+                    f"of processes that cuts it at multiples of M = {m}"
+                )
+
     def _follow(self, index: int, device: torch.device) -> bool:
         """Layer ``index``'s kept state (its frozen mask, its β) on ``device`` (see
         :func:`~feather_sparse.backbones.on_device`); whether any of it had to move."""
@@ -440,19 +474,40 @@ class NMBackbone(Backbone):
             )
 
     def state_dict(self) -> dict[str, Any]:
+        """β and the frozen masks, in a structure fixed from :meth:`setup` on.
+
+        ``"beta"`` (with ``rescale``) is one 0-d float32 tensor per layer and
+        ``"masks"`` (with ``freeze``) one bool tensor shaped like each layer's
+        weight, each ``None`` when the option is off; ``"taken"`` says whether
+        they hold values yet (False: placeholders, β = 1 and all-False masks, until
+        the pattern is first reached). The same keys and tensors whether or not
+        they are taken let ``torch.distributed.checkpoint`` load a state saved
+        after they were taken into a fresh Pruner's state.
+        """
+        taken = self._beta is not None or self._masks is not None
+
+        def entry(on: bool, kept: list[Tensor] | None, placeholder: Any) -> list[Tensor] | None:
+            if kept is not None:
+                return [k.clone() for k in kept]
+            return [placeholder(t) for t in self.targets] if on else None
+
         return {
-            "beta": None if self._beta is None else [b.clone() for b in self._beta],
-            "masks": None if self._masks is None else [m.clone() for m in self._masks],
+            "beta": entry(self.rescale, self._beta, _beta_placeholder),
+            "masks": entry(self.freeze, self._masks, _mask_placeholder),
+            "taken": taken,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore β and the frozen masks, checked against this Pruner's layers first.
 
+        Reads what :meth:`state_dict` writes and the states of earlier versions,
+        which had no ``"taken"`` and ``None`` for β and masks not taken yet.
+
         Raises:
             ValueError: naming the layer, when a saved mask or β does not fit it
                 (a state saved from another model), or is not what :meth:`state_dict`
-                writes (a bool mask; a float β, finite and > 0): the state is damaged.
-                Nothing is changed then.
+                writes (a bool mask; a float β, finite and > 0; a bool ``"taken"``):
+                the state is damaged. Nothing is changed then.
         """
 
         def on(key: str, saved: Any) -> list[Tensor] | None:
@@ -487,7 +542,14 @@ class NMBackbone(Backbone):
             return [s.to(t.weight.device) for s, t in zip(saved, self.targets)]
 
         beta, masks = on("beta", state.get("beta")), on("masks", state.get("masks"))
-        self._beta, self._masks = beta, masks
+        taken = state.get("taken", beta is not None or masks is not None)  # earlier: None
+        if not isinstance(taken, bool):
+            raise ValueError(
+                f"not a valid Pruner state: the N:M backbone's 'taken' is {taken!r}, where "
+                "state_dict() writes a bool (the state is damaged, or was not written by "
+                "Pruner.state_dict); nothing was loaded"
+            )
+        self._beta, self._masks = (beta, masks) if taken else (None, None)
         self._taken = None  # kept as loaded
         self.release()
 
@@ -505,6 +567,17 @@ class NMBackbone(Backbone):
 
 
 BACKBONES.register("nm", NMBackbone)
+
+
+def _beta_placeholder(target: PruneTarget) -> Tensor:
+    """S-STE's β of a layer in a state before it is taken (see NMBackbone.state_dict)."""
+    return torch.ones((), dtype=torch.float32, device=target.weight.device)
+
+
+def _mask_placeholder(target: PruneTarget) -> Tensor:
+    """A frozen mask in a state before it is taken (see NMBackbone.state_dict)."""
+    weight = target.weight
+    return torch.zeros(weight.shape, dtype=torch.bool, device=weight.device)
 
 
 def _straight_through(value: Tensor, weight: Tensor) -> Tensor:
