@@ -140,3 +140,20 @@ def straight_and_resumed(
     half = train(config, run, stop_after_epoch=2, progress=False)
     assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
     return straight, half, load_checkpoint(root / "straight"), load_checkpoint(run)
+
+
+def frozen_spartan() -> tuple[nn.Module, Any]:
+    """A small MLP whose Spartan Pruner has frozen its masks (5 of 5 steps trained)."""
+    import feather_sparse as fs
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    pruner = fs.make_pruner(model, "spartan", sparsity=0.5, total_steps=5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(5):
+        model(torch.randn(4, 16)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        pruner.step()
+    assert pruner.backbone.frozen
+    return model, pruner

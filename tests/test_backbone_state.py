@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 import feather_sparse as fs
 from _guards import guard
+from _helpers import frozen_spartan
 from feather_sparse.nm.backbone import NMBackbone
 from feather_sparse.ops import Operator, ThresholdOperator
 
@@ -178,16 +179,7 @@ def test_asl_gradient_accumulated_before_the_move_follows() -> None:
     "its backward",
 )
 def test_state_moved_in_an_inference_forward_still_trains() -> None:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
-    pruner = fs.make_pruner(model, "spartan", sparsity=0.5, total_steps=5)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    for _ in range(5):
-        model(torch.randn(4, 16)).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        pruner.step()
-    assert pruner.backbone.frozen
+    model, pruner = frozen_spartan()
     model.to("meta")
     with torch.inference_mode():
         model(torch.randn(4, 16, device="meta"))

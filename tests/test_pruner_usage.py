@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 import feather_sparse as fs
 from _guards import guard
+from _helpers import frozen_spartan
 
 METHODS = ["unstructured", "2:4", "sr-ste"]
 
@@ -387,16 +388,7 @@ def test_nm_refuses_a_reduction_dimension_not_a_multiple_of_m(
 def test_frozen_masks_follow_the_model_to_another_device() -> None:
     # The meta device stands in for a GPU here: a full-size mask left on the CPU
     # cannot meet a weight on another device.
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
-    pruner = fs.make_pruner(model, "spartan", sparsity=0.5, total_steps=5)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for _ in range(5):
-        model(torch.randn(4, 16)).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-        pruner.step()
-    assert pruner.backbone.frozen
+    model, pruner = frozen_spartan()
     model.to("meta")
     out = model(torch.randn(4, 16, device="meta"))
     out.sum().backward()
