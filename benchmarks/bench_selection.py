@@ -6,16 +6,25 @@ after every weight moved by a small SGD-like step, as between two training
 iterations). The reference concatenates every |w|, sorts, and reads the
 linearly interpolated quantile; ``kthvalue`` on the concatenation is shown too.
 
+``--ties F`` adds a table for weights of which a fraction ``F`` share one
+magnitude (0.5), the k-th inside that tie: the same selections, timed against
+those on the weights without the tie in the same run, with the passes each
+took. A tie larger than a pass may gather (4 M magnitudes) is the hard case.
+
     python benchmarks/bench_selection.py [--sizes 1.1 4.2 25.6] [--sparsity 0.9] [--device cuda]
+    python benchmarks/bench_selection.py --sizes 25.6 --ties 0.9
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from _timing import add_device_argument, compare, machine, resolve_device
+from feather_sparse import selection
 from feather_sparse.selection import count_at_most, select_threshold
 
 
@@ -46,10 +55,14 @@ def main() -> None:
     parser.add_argument("--sizes", type=float, nargs="+", default=[1.1, 4.2, 25.6], help="millions")
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--ties", type=float, default=None, help="fraction of tied weights")
     add_device_argument(parser)
     args = parser.parse_args()
     device = resolve_device(args.device)
     s = args.sparsity
+    if args.ties is not None:
+        ties(args.sizes, args.ties, s, args.repeats, device)
+        return
     print(f"# threshold selection at sparsity {s}; {machine(device)}\n")
     print(
         "| weights | sort quantile (ms) | cat+kthvalue (ms) | ours cold (ms) | ours warm (ms) "
@@ -87,6 +100,70 @@ def main() -> None:
             f"| {ms['cold']:.1f} | {ms['warm']:.1f} "
             f"| {times['sort'] / times['cold']:.1f}× | {times['sort'] / times['warm']:.1f}× "
             f"| {c_ours:,} / {c_sort:,} |"
+        )
+
+
+def passes(fn: Callable[[], torch.Tensor]) -> int:
+    """How many passes over the weights one call of ``fn`` makes."""
+    count = 0
+    original = selection._window_pass
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal count
+        count += 1
+        return original(*args, **kwargs)
+
+    selection._window_pass = counting
+    try:
+        fn()
+    finally:
+        selection._window_pass = original
+    return count
+
+
+def ties(sizes: list[float], fraction: float, s: float, repeats: int, device: torch.device) -> None:
+    """Selections whose rank falls inside a tie of ``fraction`` of the weights, vs none."""
+    print(f"# threshold inside a tie of {fraction:.0%} of the weights; {machine(device)}\n")
+    print(
+        "| weights | tied | no tie cold (ms) | tie cold (ms) | tie / no tie cold "
+        "| no tie warm (ms) | tie warm (ms) | tie / no tie warm | passes tie cold / warm |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    g = torch.Generator().manual_seed(0)
+    for millions in sizes:
+        n = round(millions * 1e6)
+        plain = [
+            (torch.randn(k, generator=g) * (0.5 + i / 50)).to(device)
+            for i, k in enumerate(layer_sizes(n))
+        ]
+        tied = []
+        for w in plain:
+            w = w.clone()
+            w[torch.rand(w.shape, generator=g).to(device) < fraction] = 0.5
+            tied.append(w)
+        below = sum(int((w.abs() < 0.5).sum()) for w in tied)
+        count = sum(int((w.abs() == 0.5).sum()) for w in tied)
+        q = (below + count // 2) / n  # the middle of the tie
+        hint_plain = select_threshold(plain, q)
+        times = compare(
+            {
+                "plain cold": lambda: select_threshold(plain, q),
+                "tie cold": lambda: select_threshold(tied, q),
+                "plain warm": lambda: select_threshold(plain, q, hint=hint_plain),
+                "tie warm": lambda: select_threshold(tied, q, hint=0.5),
+            },
+            repeats=repeats,
+            device=device,
+        )
+        assert float(select_threshold(tied, q)) == 0.5
+        cold = passes(lambda: select_threshold(tied, q))
+        warm = passes(lambda: select_threshold(tied, q, hint=0.5))
+        ms = {k: v * 1e3 for k, v in times.items()}
+        print(
+            f"| {millions}M | {count:,} | {ms['plain cold']:.1f} | {ms['tie cold']:.1f} "
+            f"| {times['tie cold'] / times['plain cold']:.2f}× "
+            f"| {ms['plain warm']:.1f} | {ms['tie warm']:.1f} "
+            f"| {times['tie warm'] / times['plain warm']:.2f}× | {cold} / {warm} |"
         )
 
 

@@ -148,6 +148,71 @@ def test_huge_p_is_stable() -> None:
     assert out.tolist() == pytest.approx([3.0, 1.5, -1.0001], rel=1e-3)
 
 
+# ------------------------------------------------------------------- subnormal weights
+# Magnitudes below the smallest normal float (1.2e-38 in float32 and bfloat16).
+# Each path of the forward: "single" (one block: CPU tensors of at most BLOCK
+# entries, and any tensor on a GPU or under torch.compile), "blockwise" (larger
+# CPU tensors; BLOCK shrunk to 7 here), and the GPU.
+PATHS = ["single", "blockwise", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _on_path(path: str, w: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> torch.Tensor:
+    import feather_sparse.ops as ops
+
+    if path == "blockwise":
+        monkeypatch.setattr(ops, "BLOCK", 7)
+    return w.cuda() if path == "cuda" else w
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in units in the last place between two float32 tensors of one sign pattern."""
+    return (a.view(torch.int32).long() - b.view(torch.int32).long()).abs()
+
+
+@guard(
+    "weights below the smallest normal float (subnormal), on any path of the operator",
+    "`P_T` as for other weights: `T = 0` gives `w` bit for bit, a magnitude at or below `T` "
+    "gives +0.0, the others are within a few ulps",
+)
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("p", [1.0, 2.0, 2.5, 3.0, math.inf])
+def test_zero_threshold_is_the_identity_on_subnormal_weights(
+    monkeypatch: pytest.MonkeyPatch, path: str, dtype: torch.dtype, p: float
+) -> None:
+    """``P_0(w) = w`` bit for bit, subnormal weights included (1e-40 came out as 2.04e-41)."""
+    tiny = torch.finfo(dtype).tiny
+    w = torch.tensor([1e-40, -3e-39, 0.0, -0.0, 0.5, -2.0], dtype=dtype)
+    w = torch.cat([w, torch.tensor([tiny / 2, -tiny / 1000, tiny, 1e-320], dtype=dtype)])
+    w = _on_path(path, w, monkeypatch)
+    out = fs.threshold(w, 0.0, p=p)
+    assert torch.equal(out[w != 0], w[w != 0])
+    assert torch.equal(out[w == 0], torch.zeros_like(out[w == 0]))
+    assert not torch.signbit(out[w == 0]).any()  # -0.0 comes out +0.0 on every path
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("p", [2.0, 2.5, 3.0, 7.0])
+def test_subnormal_weights_above_a_subnormal_threshold_match_float64(
+    monkeypatch: pytest.MonkeyPatch, path: str, p: float
+) -> None:
+    """Within a few ulps of ``sign(w)(|w|^p − T^p)^(1/p)`` computed in float64, where every
+    float32 subnormal is a normal number; exactly +0.0 where ``|w| <= T``."""
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(1, 1 << 23, (200,), generator=g, dtype=torch.int32)  # subnormal patterns
+    w = bits.view(torch.float32) * torch.where(torch.rand(200, generator=g) < 0.5, -1.0, 1.0)
+    t = torch.tensor(float(w.abs().median()))  # subnormal too: half the weights are pruned
+    ref = torch.where(
+        w.double().abs() > t.double(),
+        torch.sign(w.double()) * (w.double().abs() ** p - t.double() ** p) ** (1 / p),
+        0.0,
+    ).float()
+    out = fs.threshold(_on_path(path, w, monkeypatch), _on_path(path, t, monkeypatch), p=p).cpu()
+    assert torch.equal(out == 0, w.abs() <= t)
+    assert int(_ulps(out, ref).max()) <= 4
+    assert not torch.signbit(out[out == 0]).any()
+
+
 # ------------------------------------------------------------------- gradients
 @pytest.mark.parametrize("theta", [0.0, 0.25, 0.5, 1.0])
 @pytest.mark.parametrize("p", [1.0, 3.0, math.inf])

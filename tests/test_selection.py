@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feather_sparse.selection as selection
+from _guards import guard
 from feather_sparse.selection import count_at_most, kth_magnitude, select_threshold
 
 
@@ -114,6 +115,44 @@ def test_infinite_values_are_ordered() -> None:
     assert float(kth_magnitude(w, 3)) == 2.0
 
 
+@pytest.mark.parametrize("cap", [None, 2])
+@pytest.mark.parametrize("hint", [None, 0.5, 3.0])
+def test_nan_at_the_end_of_the_sampled_window_stands_for_inf(
+    monkeypatch: pytest.MonkeyPatch, cap: int | None, hint: float | None
+) -> None:
+    """Every rank below the NaNs is exact, the infinite ones too, with any gather cap.
+
+    NaN sorts last, so a sampled window may end on one; as an end it means
+    inf. Taken as NaN, no magnitude is ``<= hi``, and the window's "inside"
+    held every magnitude ``<= lo`` instead: ``kthvalue`` on them returned
+    0.11 for the 274th of 300 magnitudes, which is inf.
+    """
+    if cap is not None:
+        monkeypatch.setattr(selection, "GATHER_CAP", cap)
+        monkeypatch.setattr(selection, "GATHER_DIVISOR", 1 << 62)  # the cap is GATHER_CAP
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(300, generator=g)
+    where = torch.randperm(300, generator=g)
+    w[where[:20]] = math.inf * torch.sign(w[where[:20]])
+    w[where[20:30]] = math.nan
+    for k in range(1, 291):  # 290 magnitudes are not NaN
+        assert float(kth_magnitude([w], k, hint=hint)) == sort_reference([w], k), k
+    with pytest.raises(ValueError, match="NaN"):
+        kth_magnitude([w], 291, hint=hint)
+
+
+@guard(
+    "`kth_magnitude` / `select_threshold` with `hint_width` negative, NaN or inf",
+    "`ValueError`: hint_width must be a finite number >= 0 (a negative width inverted the "
+    "first window and could return a wrong threshold)",
+)
+@pytest.mark.parametrize("width", [-0.01, math.nan, math.inf])
+def test_bad_hint_width_is_refused(width: float) -> None:
+    with pytest.raises(ValueError, match="hint_width must be a finite number >= 0"):
+        select_threshold([torch.randn(10)], 0.5, hint=0.3, hint_width=width)
+    assert float(kth_magnitude([torch.tensor([1.0, 2.0])], 1, hint=1.0, hint_width=0.0)) == 1.0
+
+
 @pytest.mark.parametrize("hint", [None, 1e-9, 0.5, 3.0, 1e9])
 def test_fallback_paths_small_caps(monkeypatch: pytest.MonkeyPatch, hint: float | None) -> None:
     # Tiny chunks and gather caps force the multi-pass and bit-split paths.
@@ -207,3 +246,109 @@ def test_gather_cap_scales_with_n(monkeypatch: pytest.MonkeyPatch) -> None:
     # GATHER_CAP, under n / GATHER_DIVISOR = 1000, so one pass suffices.
     assert float(kth_magnitude(w, 90_000, hint=t)) == t
     assert passes == [1000]
+
+
+# ------------------------------------------------------------------- ties too many to gather
+def _count_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets one entry per pass over the weights."""
+    passes: list[int] = []
+    original = selection._window_pass
+
+    def counting(*args: object, **kwargs: object) -> object:
+        passes.append(1)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(selection, "_window_pass", counting)
+    return passes
+
+
+@guard(
+    "a global threshold whose rank falls inside a tie of millions of equal magnitudes "
+    "(a layer set to one value, a quantized model)",
+    "the tied value, found in one pass over the weights as without the tie (it took seven "
+    "passes, 16 s at 2^24 ties)",
+)
+def test_a_rank_inside_a_huge_tie_takes_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """2^24 + 1 magnitudes of 0.5 among 1000 others, far more than a pass may gather.
+
+    The strided sample sees only 0.5 around the quantile, so the first window
+    is exactly ``(0.5⁻, 0.5]``, whose count says the answer is 0.5. Bisecting
+    the float bit pattern towards 0.5 read all of them seven times over. (The
+    ends of a tie: :func:`test_a_tie_too_many_to_gather_costs_no_extra_pass`.)
+    """
+    passes = _count_passes(monkeypatch)
+    n_ties = (1 << 24) + 1
+    w = torch.full((n_ties + 1000,), 0.5)
+    w[:1000] = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    assert float(kth_magnitude([w], n_ties // 2)) == 0.5
+    assert len(passes) == 1
+
+
+def _tie_counting(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """``"counted"``: as in one process; ``"histogrammed"``: a window too full to gather is
+    always histogrammed, as across processes (where every pass histograms its window)."""
+    if mode == "histogrammed":
+        monkeypatch.setattr(selection, "_dominant", lambda seen, more: None, raising=False)
+
+
+MODES = ["counted", "histogrammed"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("hint", [None, 0.5, 0.5005, 0.05, 5.0])
+def test_a_tie_too_many_to_gather_costs_no_extra_pass(
+    monkeypatch: pytest.MonkeyPatch, mode: str, dtype: torch.dtype, where: str, hint: float | None
+) -> None:
+    """At most two passes for a rank anywhere in a tie over the gather cap (three after a
+    hint that misses, as without a tie), from any first window; one from a hint near it
+    when the tie is counted. Counted: a window that overflows with a tie is counted on
+    either side of it. Histogrammed: the part holding the answer is the answer when its
+    least and greatest magnitude are equal, and a window's highest and lowest value each
+    get a part of their own. Bisecting the bit pattern took up to eight passes here.
+    """
+    monkeypatch.setattr(selection, "GATHER_CAP", 1000)  # as if the model were large
+    monkeypatch.setattr(selection, "GATHER_DIVISOR", 1 << 62)  # the cap is GATHER_CAP
+    _tie_counting(monkeypatch, mode)
+    passes = _count_passes(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(100_000, generator=g, dtype=dtype)
+    w[torch.rand(100_000, generator=g) < 0.9] = 0.5  # about 90 000 ties
+    below, ties = int((w.abs() < 0.5).sum()), int((w.abs() == 0.5).sum())
+    k = {"first": below + 1, "middle": below + ties // 2, "last": below + ties}[where]
+    assert float(kth_magnitude([w], k, hint=hint)) == 0.5 == sort_reference([w], k)
+    near = hint is not None and 0.49 < hint < 0.51
+    missed = hint is not None and not near
+    assert len(passes) <= (1 if near and mode == "counted" else 2 + missed)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("side", ["above", "below"])
+@pytest.mark.parametrize("hint", [0.5, 0.501, 0.499])
+def test_a_tie_next_to_a_run_of_adjacent_floats_takes_two_passes(
+    monkeypatch: pytest.MonkeyPatch, mode: str, dtype: torch.dtype, side: str, hint: float
+) -> None:
+    """90 000 ties at 0.5 and the 5000 floats just above (or below) it, each once.
+
+    Counted, the tie is found in the first pass. Histogrammed, the first
+    window's histogram puts 0.5 and its neighbours in one part; shrunk to its
+    least and greatest magnitude, that part has 0.5 at one end, and the next
+    pass gives that end a part of its own, which holds the answer. Bisecting
+    the bit pattern took four to twelve passes here.
+    """
+    monkeypatch.setattr(selection, "GATHER_CAP", 1000)
+    monkeypatch.setattr(selection, "GATHER_DIVISOR", 1 << 62)
+    _tie_counting(monkeypatch, mode)
+    passes = _count_passes(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    bits = torch.int32 if dtype == torch.float32 else torch.int64
+    steps = torch.arange(1, 5001, dtype=bits) * (1 if side == "above" else -1)
+    near = (torch.tensor(0.5, dtype=dtype).view(bits) + steps).view(dtype)
+    far = torch.rand(5000, generator=g, dtype=dtype) * 0.3 + (0.0 if side == "above" else 0.7)
+    w = torch.cat([torch.full((90_000,), 0.5, dtype=dtype), near, -far])
+    w = w[torch.randperm(w.numel(), generator=g)]
+    k = 5000 + 45_000  # inside the tie: 5000 magnitudes lie below it on either side
+    assert float(kth_magnitude([w], k, hint=hint)) == 0.5 == sort_reference([w], k)
+    assert len(passes) <= (1 if mode == "counted" else 2)

@@ -76,10 +76,11 @@ def _block(
 
     Written with arithmetic only — no boolean masks, no ``torch.where`` —
     because on CPU those run several times slower than the vectorised
-    arithmetic kernels. Pruned entries come out as +0.0 (the result is
-    written as ``0 + value·indicator``, which turns −0.0 into +0.0), so
-    "exactly zero" also holds bit for bit and sparse formats round-trip
-    exactly. Each line is one kernel over the block: fewer kernels, less time.
+    arithmetic kernels. Pruned entries come out as +0.0 (see the last step
+    below; hard thresholding writes ``0 + w·[|w| > T]``, which keeps an
+    infinite weight), so "exactly zero" also holds bit for bit and sparse
+    formats round-trip exactly. Each line is one kernel over the block:
+    fewer kernels, less time.
 
     The bracket ``(1 − (T/|w|)^p)^(1/p)`` is evaluated without cancellation:
     the naive ``1 − r^p`` loses most digits of an fp32 weight just above the
@@ -90,26 +91,30 @@ def _block(
       a well-conditioned sum by Horner's rule;
     * other ``p``: ``1 − r^p = −expm1(p·log1p(−(1 − r)))``;
 
-    then raised to ``1/p`` as ``exp(log(·)/p)`` and multiplied by the keep
-    indicator ``[|w| > T]``, which is exactly 0 where ``|w| <= T``.
-    All of it is accurate to a few ulps. Unless the caller knows ``T > 0``
-    (``t_positive``), magnitudes below the smallest normal float are divided
-    as if they were that float, so ``0/0`` never occurs; with ``T > 0`` a zero
-    weight only divides a nonzero number by zero, and the infinities that
-    gives end as a clamped, then zeroed, entry.
+    then raised to ``1/p`` as ``exp(log(·)/p)`` into ``v = w·(·)^(1/p)``, and
+    written as ``v − v·[|w| <= T]``: exactly ``v`` where kept, exactly +0.0
+    where pruned (``v`` is finite there). All of it is accurate to a few
+    ulps, subnormal weights included: each is divided by its own magnitude,
+    so ``T = 0`` gives ``w`` bit for bit. A zero weight would give ``0/0``
+    when ``T = 0``, so unless the caller knows ``T > 0`` (``t_positive``) the
+    pruned magnitudes are raised by 1 first: one kernel, no subnormal
+    operand for a zero weight, the kept magnitudes (``> T >= 0``) untouched.
+    With ``T > 0`` a zero weight only divides a nonzero number by zero, and
+    the infinities that gives end as a clamped, then zeroed, entry.
     """
-    a, d, r, k = scratch
+    a, d, r, u = scratch
     torch.abs(x, out=a)
-    torch.sub(a, t, out=d)  # |w| − T, exact near the threshold
-    torch.gt(a, t, out=k)  # the keep indicator [|w| > T] as 0/1 floats
     if math.isinf(p):  # hard thresholding: w·[|w| > T]
-        torch.addcmul(_ZERO, x, k, out=out)  # 0 + w·k: +0.0, never −0.0, where pruned
+        torch.gt(a, t, out=u)  # the keep indicator [|w| > T] as 0/1 floats
+        torch.addcmul(_ZERO, x, u, out=out)  # 0 + w·[|w| > T]: +0.0, never −0.0, where pruned
         return
+    torch.sub(a, t, out=d)  # |w| − T, exact near the threshold
     if p == 1.0:  # soft thresholding: sign(w)·max(|w| − T, 0)
         torch.copysign(d.clamp_min_(0.0), x, out=out).add_(0.0)
         return
+    torch.le(a, t, out=u)  # the prune indicator [|w| <= T] as 0/1 floats
     if not t_positive:
-        a.clamp_min_(torch.finfo(a.dtype).tiny)
+        a.add_(u)  # |w| + 1 where pruned: never 0/0; the kept |w| (> 0) exact
     d.div_(a)  # 1 − r
     if p == int(p) and p <= 16:
         torch.div(t, a, out=r)  # r = T/|w|
@@ -122,10 +127,10 @@ def _block(
         d.neg_().log1p_().mul_(p).expm1_().neg_()
     # (·)^(1/p) as exp(log(·)/p), on values kept >= tiny: log and exp take
     # their fast vectorised paths (zeros and infinities fall off them, ~15×
-    # slower); the indicator then zeroes the pruned entries exactly, and
-    # adding it to +0.0 in the same kernel turns −0.0 into +0.0.
+    # slower); then v − v·[|w| <= T] is +0.0 where pruned (v − v) and v where
+    # kept (v − 0, which also turns a −0.0 from underflow into +0.0).
     d.clamp_min_(torch.finfo(d.dtype).tiny).log_().mul_(1.0 / p).exp_().mul_(x)
-    torch.addcmul(_ZERO, d, k, out=out)
+    torch.addcmul(d, d, u, value=-1.0, out=out)
 
 
 #: 0-d constants for the fused ``addcmul`` kernels above (``input + t1·t2``):

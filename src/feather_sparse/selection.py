@@ -22,13 +22,26 @@ time, a full-size copy). Here ``T`` is the exact k-th smallest ``|w|``,
    is, and that side becomes the next window. A window holding too many to
    gather (over ``GATHER_CAP``, or 1/128 of all weights if more) is instead
    histogrammed, in the same pass, over 64 parts split evenly in the float
-   bit pattern (``torch.bucketize`` on the in-window magnitudes only), and
-   the part holding the answer is the
-   next window: each such pass divides the representable values left by 64,
-   so the search ends after a few passes even on adversarial inputs.
+   bit pattern (``torch.bucketize`` on the in-window magnitudes only), with
+   each part's least and greatest magnitude; the part holding the answer,
+   shrunk to those two, is the next window: each such pass divides the
+   representable values left by 64, so the search ends after a few passes
+   even on adversarial inputs.
 
 Typically one pass suffices (two at a billion weights). The result is the
 same value a full sort would give, to the bit.
+
+A tie too large to gather (a layer of one repeated value, a quantized model)
+costs about what a selection without it costs: a sample that shows one
+value ``v`` all around the quantile makes the first window ``(v⁻, v]``
+(``v⁻``: the float below ``v``), the tie alone, which is only counted; a
+part whose least and greatest magnitudes are equal is the answer itself;
+and the lowest and highest value of every split window get parts of their
+own, so a tie at either end of a window is found in the next pass, as is
+one at the hint in the first pass (a threshold that stays on a tie from one
+training step to the next). A rank inside such a tie takes one or two
+passes (one more after a hint that misses), never a bisection of the bit
+pattern down to one float.
 
 Scaled magnitudes: every function takes an optional per-tensor ``scales``;
 element ``w`` of tensor ``i`` then counts as ``|w|·scales[i]`` (computed chunk
@@ -40,7 +53,8 @@ Ties: ``T`` is the k-th smallest magnitude *value*. When several weights share
 that magnitude, all of them satisfy ``|w| <= T``, so more than ``k`` weights
 are pruned (by the number of extra ties); exact zeros always count as pruned.
 With continuous-valued trained weights ties are rare, and with distinct
-magnitudes exactly ``k`` weights satisfy ``|w| <= T``.
+magnitudes exactly ``k`` weights satisfy ``|w| <= T``. A large tie is found
+quickly too (see above).
 
 Across processes (``process_group``): when each rank holds only a *shard* of
 the weights (FSDP2 / DTensor, or layers split over ranks by hand), every rank
@@ -196,14 +210,27 @@ def _sample_size(n: int, q: float) -> int:
     return max(SAMPLE, min(needed, SAMPLE_MAX, n))
 
 
+def _below(v: float, dtype: torch.dtype) -> float:
+    """The greatest ``dtype`` value below ``v >= 0``; ``-1`` ("below 0") for ``v = 0``.
+
+    ``(_below(v), v]`` is the window holding exactly the magnitudes equal to ``v``.
+    """
+    if v == 0.0:
+        return -1.0
+    x = torch.tensor(v, dtype=dtype)
+    return float(torch.nextafter(x, torch.tensor(-math.inf, dtype=dtype)))
+
+
 def _sample_window(chunks: list[_Chunk], dtype: torch.dtype, q: float) -> tuple[float, float]:
     """A window ``(lo, hi]`` likely to hold the ``q``-quantile of all magnitudes.
 
     Taken from a strided sample of ``m`` magnitudes (no full copy; ``m`` from
     :func:`_sample_size`): the sample quantile's standard error is
-    ``sqrt(q(1-q)/m)``, and the window spans four of them on each side. An
-    empty shard gives the empty window ``(inf, -inf]``, which the union over
-    ranks ignores.
+    ``sqrt(q(1-q)/m)``, and the window spans four of them on each side;
+    when the sample holds one value ``v`` all across it (a tie), the window
+    is exactly that value, ``(v⁻, v]``, not the empty ``(v, v]``. An empty
+    shard gives the empty window ``(inf, -inf]``, which the union over ranks
+    ignores.
     """
     n = sum(c.numel() for c, _ in chunks)
     if n == 0:
@@ -221,25 +248,34 @@ def _sample_window(chunks: list[_Chunk], dtype: torch.dtype, q: float) -> tuple[
     i_hi = round((q + 4 * se) * (m - 1)) + 1
     lo = float(sample[i_lo]) if i_lo >= 0 else -1.0
     hi = float(sample[i_hi]) if i_hi < m else math.inf
+    # NaN sorts last and is never <= anything: as a window's end it stands for inf.
+    lo, hi = (math.inf if math.isnan(v) else v for v in (lo, hi))
+    if lo == hi:  # a tie spans the window: take all of it
+        lo = _below(hi, dtype)
     return lo, hi
 
 
 def _split_evenly(lo: float, hi: float, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Up to 64 boundaries strictly inside ``(lo, hi)``, evenly spaced in the float bit pattern.
+    """About 64 boundaries strictly inside ``(lo, hi)``, evenly spaced in the float bit pattern.
 
     For non-negative IEEE floats the bit pattern, read as an integer, is
     monotone in the value, so each split divides the number of representable
-    values left by 64: the search cannot stall, even on ties. Empty when
-    ``lo`` and ``hi`` are adjacent floats (``lo < 0`` stands for "below 0").
+    values left by 64: the search cannot stall, even on ties. Besides, the
+    lowest and the highest value of the window get parts of their own
+    (``(lo, lo⁺]`` and ``(hi⁻, hi]``), so that a tie at either end is
+    isolated at once. Empty when ``lo`` and ``hi`` are adjacent floats
+    (``lo < 0`` stands for "below 0").
     """
     int_dtype = torch.int64 if dtype == torch.float64 else torch.int32
     lo_i = int(torch.tensor(max(lo, 0.0), dtype=dtype).view(int_dtype))
     hi_i = int(torch.tensor(hi, dtype=dtype).view(int_dtype))
     step = max(1, (hi_i - lo_i) // 64)
-    ints = torch.arange(lo_i + step, max(hi_i, lo_i + step), step, dtype=int_dtype)
-    if lo < 0.0 < hi:  # the interval (-1, hi] also holds 0 itself: split there first
-        ints = torch.cat([torch.zeros(1, dtype=int_dtype), ints])
-    return ints.view(dtype).to(device)
+    floor = -1 if lo < 0.0 else lo_i  # every boundary lies above it
+    ints = set(range(lo_i + step, hi_i, step))
+    ints.add(floor + 1)  # the lowest value alone: 0 itself when the window holds it
+    ints.add(hi_i - 1)  # the highest value alone
+    inside = sorted(i for i in ints if floor < i < hi_i)
+    return torch.tensor(inside, dtype=int_dtype).view(dtype).to(device)
 
 
 class _Comm:
@@ -294,10 +330,55 @@ class _Comm:
         return torch.cat(parts)
 
 
-def _histogram(x: Tensor, bounds: Tensor) -> Tensor:
-    """Counts of ``x`` in the parts ``(.., b0], (b0, b1], ..., (b_last, ..]`` of ``bounds``."""
-    idx = torch.bucketize(x, bounds, out_int32=True)
-    return torch.bincount(idx, minlength=bounds.numel() + 1)
+@dataclass
+class _Parts:
+    """A histogram over the parts ``(.., b0], (b0, b1], ..., (b_last, ..]`` of some bounds.
+
+    Attributes:
+        count: how many magnitudes fall in each part (int64).
+        low: the least of them (``inf`` for an empty part).
+        high: the greatest of them (``-inf`` for an empty part).
+    """
+
+    count: Tensor
+    low: Tensor
+    high: Tensor
+
+    @classmethod
+    def of(cls, x: Tensor, bounds: Tensor) -> _Parts:
+        """The histogram of the magnitudes ``x``."""
+        parts = bounds.numel() + 1
+        idx = torch.bucketize(x, bounds)  # int64, the index dtype scatter_reduce_ always takes
+        low = torch.full((parts,), math.inf, dtype=x.dtype, device=x.device)
+        high = torch.full((parts,), -math.inf, dtype=x.dtype, device=x.device)
+        return cls(
+            torch.bincount(idx, minlength=parts),
+            low.scatter_reduce_(0, idx, x, "amin"),
+            high.scatter_reduce_(0, idx, x, "amax"),
+        )
+
+    def add(self, x: Tensor, bounds: Tensor) -> None:
+        """Count the magnitudes ``x`` too."""
+        other = _Parts.of(x, bounds)
+        self.count += other.count
+        torch.minimum(self.low, other.low, out=self.low)
+        torch.maximum(self.high, other.high, out=self.high)
+
+
+def _dominant(seen: Tensor, more: Tensor) -> float | None:
+    """The value more than half of the magnitudes ``seen`` and ``more`` share, if any.
+
+    The candidate is the most frequent of about 1024 of them (strided), then
+    checked on all: a window too full to gather is most often so because of
+    such a tie.
+    """
+    x = seen if seen.numel() else more
+    if x.numel() == 0:
+        return None
+    values, counts = torch.unique(x[:: max(1, x.numel() // 1024)], return_counts=True)
+    v = values[counts.argmax()]
+    shared = int((seen == v).sum() + (more == v).sum())
+    return float(v) if 2 * shared > seen.numel() + more.numel() else None
 
 
 def _select_masked(a: Tensor, mask: Tensor) -> Tensor:
@@ -327,24 +408,40 @@ def _window_pass(
     bounds: Tensor,
     always_histogram: bool,
     chunk_max: list[Tensor] | None = None,
-) -> tuple[Tensor, int, Tensor | None, Tensor | None]:
+) -> tuple[Tensor, int, Tensor | None, _Parts | None, tuple[float, int, int] | None]:
     """One pass over the weights for the window ``(lo, hi]``.
 
     A few cheap elementwise kernels per chunk (abs, two compares, a masked
     select) over the weights; anything more runs on the in-window few only.
     With ``chunk_max``, each chunk's ``max |w|·scale`` is appended to it
     (a reduction of the magnitudes already in cache: no second read).
+    A window of one value (no ``bounds``) is only counted: its magnitudes
+    are all ``hi``, however many tie there. Magnitudes too many to keep
+    that are mostly one value ``v`` (a tie, :func:`_dominant`) are counted
+    on either side of ``v`` from then on (two more compares per chunk)
+    instead of histogrammed, far cheaper than histogramming the tie, unless
+    ``always_histogram``.
 
     Returns:
         ``#{|w| <= lo}``; ``#{lo < |w| <= hi}``; those magnitudes, or None
-        when more than ``cap``; and their histogram over the parts ``bounds``
-        cut the window into — computed once the magnitudes overflow the cap
-        (or always, with ``always_histogram``), else None.
+        when more than ``cap`` or the window holds one value; their
+        histogram over the parts ``bounds`` cut the window into
+        (:class:`_Parts`) — computed once the magnitudes overflow the cap (or
+        always, with ``always_histogram``, unless the window holds one
+        value, or they were counted around a tie), else None; and
+        ``(v, #{|w| < v}, #{|w| <= v})`` when they were, else None.
     """
     # Counted in float64: exact to 2^53 (each chunk's float count is exact,
     # chunks being far below 2^24 elements).
     at_most_lo = torch.zeros((), dtype=torch.float64, device=device)
-    hist: Tensor | None = None
+    # Magnitudes in the window counted, not selected: all of them in a window
+    # of one value, those after the cap overflowed when a tie fills it.
+    counting = bounds.numel() == 0
+    counted = torch.zeros((), dtype=torch.float64, device=device)
+    pivot: float | None = None  # the tie
+    pivot_below = 0.0  # the float below it
+    below_pivot = at_most_pivot = counted  # #{|w| < pivot}, #{|w| <= pivot}
+    hist: _Parts | None = None
     # Scratch buffers reused by every chunk: fresh multi-megabyte temporaries
     # cost page faults on every allocation, more than the kernels themselves.
     longest = max((c.numel() for c, _ in chunks), default=0)
@@ -370,27 +467,45 @@ def _window_pass(
         low = torch.le(a, lo, out=low_buf[:n])  # [|w| <= lo]
         at_most_lo += low.sum()
         high = torch.le(a, hi, out=high_buf[:n]).sub_(low)  # [lo < |w| <= hi]
+        if counting:
+            counted += high.sum()
+            if pivot is not None:  # low_buf is free again
+                below_pivot += torch.le(a, pivot_below, out=low_buf[:n]).sum()
+                at_most_pivot += torch.le(a, pivot, out=low_buf[:n]).sum()
+            continue
         mask = mask_buf[:n].copy_(high)
         sel = _select_masked(a, mask) if a.device.type == "cpu" else a[mask]
-        if keeping and size + sel.numel() > cap:  # too many to keep: histogram them instead
+        if keeping and size + sel.numel() > cap:  # too many to keep
             keeping = False
-            hist = _histogram(kept[:size] if kept is not None else sel[:0], bounds)
+            seen = kept[:size] if kept is not None else sel[:0]
             kept = None
+            pivot = None if always_histogram else _dominant(seen, sel)
+            if pivot is not None:  # a tie: count them around it from here on
+                pivot_below = _below(pivot, dtype)
+                counting = True
+                counted = counted + size + sel.numel()
+                below_pivot = at_most_lo + (seen <= pivot_below).sum() + (sel <= pivot_below).sum()
+                at_most_pivot = at_most_lo + (seen <= pivot).sum() + (sel <= pivot).sum()
+                continue
+            hist = _Parts.of(seen, bounds)  # histogram them instead
         if not keeping:
             assert hist is not None
-            hist += _histogram(sel, bounds)
+            hist.add(sel, bounds)
         elif sel.numel():
             if kept is None:
                 total = sum(c.numel() for c, _ in chunks)
                 kept = torch.empty(min(cap, total), dtype=dtype, device=device)
             kept[size : size + sel.numel()] = sel
         size += sel.numel()
+    if counting:
+        around = (pivot, int(below_pivot), int(at_most_pivot)) if pivot is not None else None
+        return at_most_lo.long(), int(counted), None, None, around
     if not keeping:
-        return at_most_lo.long(), size, None, hist
+        return at_most_lo.long(), size, None, hist, None
     inside = kept[:size] if kept is not None else torch.empty(0, dtype=dtype, device=device)
     if always_histogram:
-        hist = _histogram(inside, bounds)
-    return at_most_lo.long(), size, inside, hist
+        hist = _Parts.of(inside, bounds)
+    return at_most_lo.long(), size, inside, hist, None
 
 
 def _device(tensors: Sequence[Tensor], group: ProcessGroup | None) -> torch.device:
@@ -444,6 +559,9 @@ def _select(
     """The search behind :func:`kth_magnitude`; ``rank_of(N)`` gives ``k`` from the global ``N``."""
     if stats is not None:
         stats.abs_max = None  # never a previous call's
+    if not (hint_width >= 0.0 and math.isfinite(hint_width)):
+        # A negative width would make the first window (hi, lo], inverted.
+        raise ValueError(f"hint_width must be a finite number >= 0, got {hint_width}")
     if not tensors and group is None:
         raise ValueError("kth_magnitude needs at least one tensor")
     _check_group(group)
@@ -482,7 +600,7 @@ def _select(
     while True:
         exact = w_lo <= lo and w_hi >= hi  # the window is the whole interval
         bounds = _split_evenly(w_lo, min(w_hi, torch.finfo(dtype).max), dtype, device)
-        at_most_lo, n_inside, inside, hist = _window_pass(
+        at_most_lo, n_inside, inside, hist, around = _window_pass(
             chunks,
             dtype,
             device,
@@ -496,24 +614,35 @@ def _select(
         if stats is not None and chunk_max is not None:
             stats.abs_max = _per_tensor_max(tensors, chunk_max, dtype, device)
             chunk_max = None
+        counts = hist.count if hist is not None else None
         if group is None:
             a, m = int(at_most_lo), n_inside
         else:  # one all-reduce: the two counts and the histogram
             a, m, *hist_counts = comm.counts(
-                at_most_lo, n_inside, *(hist if hist is not None else [])
+                at_most_lo, n_inside, *(counts if counts is not None else [])
             )
-            hist = torch.tensor(hist_counts)
+            counts = torch.tensor(hist_counts)
         if a < k <= a + m:  # in the window
             if m <= cap and inside is not None:  # few enough to have been kept everywhere
                 return torch.kthvalue(comm.gather(inside, m), k - a).values
             # Too many to gather: narrow to the part of the window that holds the answer.
             if bounds.numel() == 0:  # w_lo and w_hi are adjacent floats: the answer is w_hi
                 return torch.tensor(w_hi, dtype=dtype, device=device)
-            assert hist is not None
-            cum: list[int] = (a + torch.cumsum(hist, 0)).tolist()
-            j = next(i for i, c in enumerate(cum) if c >= k)
-            lo = w_lo if j == 0 else float(bounds[j - 1])
-            hi = w_hi if j == bounds.numel() else float(bounds[j])
+            if around is not None:  # counted on either side of a tie at v
+                v, below, at_most = around
+                if below < k <= at_most:
+                    return torch.tensor(v, dtype=dtype, device=device)
+                lo, hi = (w_lo, _below(v, dtype)) if k <= below else (v, w_hi)
+            else:
+                assert hist is not None and counts is not None
+                cum: list[int] = (a + torch.cumsum(counts, 0)).tolist()
+                j = next(i for i, c in enumerate(cum) if c >= k)
+                # That part's least and greatest magnitude (over all ranks): equal,
+                # they are a tie holding the answer; else the next window's ends.
+                least, greatest = comm.union(float(hist.low[j]), float(hist.high[j]))
+                if least == greatest:
+                    return torch.tensor(greatest, dtype=dtype, device=device)
+                lo, hi = _below(least, dtype), greatest
         elif k <= a:
             hi = w_lo
         elif exact:  # k beyond every comparable magnitude
@@ -569,8 +698,9 @@ def kth_magnitude(
 
     Raises:
         ValueError: if ``k`` is outside ``[0, N]``, no tensor is given (without
-            a group), a scale is not positive, the k-th magnitude would be NaN,
-            or a group is given but ``torch.distributed`` is not initialized.
+            a group), a scale is not positive, ``hint_width`` is negative or not
+            finite, the k-th magnitude would be NaN, or a group is given but
+            ``torch.distributed`` is not initialized.
     """
     return _select(tensors, lambda n: k, hint, hint_width, scales, process_group, stats)
 
@@ -606,7 +736,7 @@ def select_threshold(
         A 0-d tensor (float32, or float64 for float64 weights) on the weights' device.
 
     Raises:
-        ValueError: if ``sparsity`` is outside ``[0, 1]``.
+        ValueError: if ``sparsity`` is outside ``[0, 1]``, or as :func:`kth_magnitude`.
 
     Example:
         >>> w = [torch.tensor([0.3, -0.1]), torch.tensor([[0.5, -0.2], [0.4, 0.0]])]
