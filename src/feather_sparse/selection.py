@@ -32,16 +32,18 @@ Typically one pass suffices (two at a billion weights). The result is the
 same value a full sort would give, to the bit.
 
 A tie too large to gather (a layer of one repeated value, a quantized model)
-costs about what a selection without it costs: a sample that shows one
-value ``v`` all around the quantile makes the first window ``(v⁻, v]``
-(``v⁻``: the float below ``v``), the tie alone, which is only counted; a
-part whose least and greatest magnitudes are equal is the answer itself;
-and the lowest and highest value of every split window get parts of their
-own, so a tie at either end of a window is found in the next pass, as is
-one at the hint in the first pass (a threshold that stays on a tie from one
-training step to the next). A rank inside such a tie takes one or two
-passes (one more after a hint that misses), never a bisection of the bit
-pattern down to one float.
+costs about what a selection without it costs: one or two passes (one more
+after a hint that misses), never a bisection of the bit pattern down to one
+float. A sample that shows one value ``v`` all around the quantile makes
+the first window ``(v⁻, v]`` (``v⁻``: the float below ``v``), the tie
+alone, which is only counted. A window that overflows the cap with more
+than half of its magnitudes equal to one ``v`` is counted on either side of
+``v`` for the rest of the pass instead of histogrammed: ``v`` is the answer,
+or the next window leaves the tie out. Where windows are histogrammed
+anyway (across processes), a part whose least and greatest magnitudes are
+equal is the answer itself, and the lowest and highest value of every split
+window get parts of their own, so a tie at either end of a window is found
+in the next pass.
 
 Scaled magnitudes: every function takes an optional per-tensor ``scales``;
 element ``w`` of tensor ``i`` then counts as ``|w|·scales[i]`` (computed chunk
