@@ -294,12 +294,18 @@ def _tie_counting(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
 MODES = ["counted", "histogrammed"]
 
 
+@pytest.mark.parametrize("chunk", [None, 512], ids=["one-chunk", "chunks-of-512"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 @pytest.mark.parametrize("hint", [None, 0.5, 0.5005, 0.05, 5.0])
 def test_a_tie_too_many_to_gather_costs_no_extra_pass(
-    monkeypatch: pytest.MonkeyPatch, mode: str, dtype: torch.dtype, where: str, hint: float | None
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    dtype: torch.dtype,
+    where: str,
+    hint: float | None,
+    chunk: int | None,
 ) -> None:
     """At most two passes for a rank anywhere in a tie over the gather cap (three after a
     hint that misses, as without a tie), from any first window; one from a hint near it
@@ -307,7 +313,12 @@ def test_a_tie_too_many_to_gather_costs_no_extra_pass(
     either side of it. Histogrammed: the part holding the answer is the answer when its
     least and greatest magnitude are equal, and a window's highest and lowest value each
     get a part of their own. Bisecting the bit pattern took up to eight passes here.
+    With small chunks the window overflows in a later chunk than the first (kept magnitudes
+    before it), and the chunks after it
+    are counted around the tie (with one chunk that code never runs).
     """
+    if chunk is not None:
+        monkeypatch.setattr(selection, "CHUNK", chunk)
     monkeypatch.setattr(selection, "GATHER_CAP", 1000)  # as if the model were large
     monkeypatch.setattr(selection, "GATHER_DIVISOR", 1 << 62)  # the cap is GATHER_CAP
     _tie_counting(monkeypatch, mode)
@@ -352,3 +363,24 @@ def test_a_tie_next_to_a_run_of_adjacent_floats_takes_two_passes(
     k = 5000 + 45_000  # inside the tie: 5000 magnitudes lie below it on either side
     assert float(kth_magnitude([w], k, hint=hint)) == 0.5 == sort_reference([w], k)
     assert len(passes) <= (1 if mode == "counted" else 2)
+
+
+@guard(
+    "a bug that keeps the exact threshold search from narrowing its window",
+    "a RuntimeError after MAX_PASSES passes that says it is a bug and what to report, "
+    "where the search ran forever",
+)
+def test_a_search_that_does_not_end_stops_with_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three passes are needed here (a hint that misses, then a narrowing); allowed one, the
+    search stops with a message instead of running on (the loop was ``while True``)."""
+    monkeypatch.setattr(selection, "GATHER_CAP", 1000)
+    monkeypatch.setattr(selection, "GATHER_DIVISOR", 1 << 62)
+    passes = _count_passes(monkeypatch)
+    w = torch.randn(100_000, generator=torch.Generator().manual_seed(0))
+    expected = sort_reference([w], 50_000)
+    assert float(kth_magnitude([w], 50_000, hint=5.0)) == expected
+    needed = len(passes)
+    assert needed >= 2
+    monkeypatch.setattr(selection, "MAX_PASSES", needed - 1)
+    with pytest.raises(RuntimeError, match=rf"did not end in {needed - 1} passes.*a bug"):
+        kth_magnitude([w], 50_000, hint=5.0)

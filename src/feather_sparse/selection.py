@@ -112,6 +112,11 @@ GATHER_DIVISOR = 128
 # Across processes: most magnitudes all-gathered in the final step, in total
 # over all ranks (256 KiB of float32), so communication never scales with N.
 CANDIDATE_CAP = 1 << 16
+# Passes a selection may take before it is stopped as a bug. Each pass narrows
+# the window to at most one of 64 parts of its float-bit span, so even a
+# float64 window over every value ends within about 12 passes (plus one for a
+# hint that missed); a search that did not shrink would otherwise run forever.
+MAX_PASSES = 64
 
 
 @dataclass
@@ -599,7 +604,7 @@ def _select(
     w_lo, w_hi = comm.union(w_lo, w_hi)
     # Per-chunk maxima of |w|, measured by the first pass only.
     chunk_max: list[Tensor] | None = [] if stats is not None and scales is None else None
-    while True:
+    for _ in range(MAX_PASSES):
         exact = w_lo <= lo and w_hi >= hi  # the window is the whole interval
         bounds = _split_evenly(w_lo, min(w_hi, torch.finfo(dtype).max), dtype, device)
         at_most_lo, n_inside, inside, hist, around = _window_pass(
@@ -660,6 +665,11 @@ def _select(
             s_lo, s_hi = comm.union(*_sample_window(chunks, dtype, k / n))
             if max(s_lo, lo) < min(s_hi, hi):
                 w_lo, w_hi = max(s_lo, lo), min(s_hi, hi)
+    raise RuntimeError(
+        f"the exact threshold search did not end in {MAX_PASSES} passes (rank {k} of {n} "
+        f"magnitudes, last window ({w_lo!r}, {w_hi!r}]): this is a bug in feather-sparse; "
+        "please report it with the weights' dtype and size (selection.kth_magnitude)"
+    )
 
 
 def kth_magnitude(
