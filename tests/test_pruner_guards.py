@@ -401,7 +401,9 @@ def test_sharded_one_shot_nm_names_the_option_not_a_contradiction(
 
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
     pruner = fs.make_pruner(model, "oneshot-nm", pattern="2:4", total_steps=10)
-    monkeypatch.setattr(distributed, "local_weights", lambda weights, group: (weights, object()))
+    monkeypatch.setattr(
+        distributed, "local_weights", lambda weights, group, gather=None: (weights, object())
+    )
     with pytest.raises(ValueError, match="with these options \\(a frozen one-shot N:M mask") as err:
         pruner.step()
     assert "use one that does" not in str(err.value)

@@ -13,7 +13,12 @@ zeros and writes thresholds; this module hides where those weights live.
   (:func:`all_reduce_sum`, :func:`all_reduce_max`), so every rank gets the
   exact global threshold without gathering a weight. A whole tensor loaded
   into a sharded weight (a full state dict) is cut to this rank's part
-  (:func:`shard_like`).
+  (:func:`shard_like`). Where a shard cannot be computed alone (an N:M layer
+  whose shards cut through its groups: :func:`shard_cuts` tells where every
+  rank's shard begins), the weight is gathered whole (:func:`whole_on_first`).
+- **Tensor parallelism** (``parallelize_module``, DTensor weights used as
+  DTensors in the forward): the same local shards and groups; the
+  parametrization maps the operator over each rank's shard in the forward.
 
 For plain tensors (one process, or DDP) nothing here communicates.
 """
@@ -45,9 +50,11 @@ __all__ = [
     "on_local_shard",
     "reconnect_ddp",
     "refuse_sharded_model",
+    "shard_cuts",
     "shard_group",
     "shard_like",
     "to_local",
+    "whole_on_first",
 ]
 
 #: Per ``DistributedDataParallel`` in a model: the wrapper and where each
@@ -121,6 +128,52 @@ def on_local_shard(fn: Callable[[Tensor], Tensor], w: Tensor) -> Tensor:
     return out
 
 
+def shard_cuts(w: Any) -> dict[int, list[int]] | None:
+    """Where the shards of the DTensor ``w`` cut each sharded dimension, over all ranks.
+
+    ``{dim: [offsets]}``: the indices along ``dim`` at which one rank's part
+    ends and the next one's begins (neither 0 nor the whole length), the same
+    on every rank, with ``torch.chunk``'s sizes as DTensor's ``Shard`` uses
+    (a dimension sharded on several mesh dimensions is chunked in mesh order).
+    None for a placement laid out otherwise (FSDP2's ``_StridedShard`` under
+    tensor parallelism): the caller must then assume any cut.
+    """
+    from torch.distributed.tensor import Shard
+
+    spans: dict[int, list[tuple[int, int]]] = {}  # per dimension: (start, length) of each part
+    for mesh_dim, placement in enumerate(w.placements):
+        if placement.is_replicate() or placement.is_partial():
+            continue
+        if type(placement) is not Shard:  # a layout of its own, e.g. _StridedShard
+            return None
+        dim = placement.dim % w.dim()
+        parts = w.device_mesh.size(mesh_dim)
+        new = []
+        for start, length in spans.get(dim, [(0, w.shape[dim])]):
+            chunk = -(-length // parts)  # torch.chunk: ceil(length / parts), the last ones shorter
+            for k in range(parts):
+                lo, hi = min(k * chunk, length), min((k + 1) * chunk, length)
+                new.append((start + lo, hi - lo))
+        spans[dim] = new
+    return {dim: sorted({s for s, _ in got} - {0, w.shape[dim]}) for dim, got in spans.items()}
+
+
+def whole_on_first(w: Any, group: ProcessGroup | None) -> Tensor:
+    """The DTensor ``w`` gathered whole on the first rank of ``group``, an empty part elsewhere.
+
+    For a weight whose shards cannot be computed alone: every rank gathers it
+    (``full_tensor``, a collective over its mesh), and only the group's rank 0
+    keeps it, so that a sum over the group counts each weight once. The empty
+    part keeps the weight's other dimensions (``whole[:0]``).
+    """
+    whole = full_tensor(w.detach())
+    if group is None:
+        return whole
+    import torch.distributed as dist
+
+    return whole if dist.get_rank(group) == 0 else whole[:0]
+
+
 def shard_group(w: Any) -> ProcessGroup | None:
     """The group of the one mesh dimension a DTensor is sharded on (None: replicated)."""
     dims = [i for i, p in enumerate(w.placements) if p.is_shard()]
@@ -156,7 +209,9 @@ def common_shard_group(weights: Sequence[Any]) -> ProcessGroup | None:
 
 
 def local_weights(
-    weights: Sequence[Tensor], process_group: ProcessGroup | None
+    weights: Sequence[Tensor],
+    process_group: ProcessGroup | None,
+    gather: Sequence[bool] | None = None,
 ) -> tuple[list[Tensor], ProcessGroup | None]:
     """This rank's part of each weight (detached) and the group it is sharded over.
 
@@ -164,6 +219,8 @@ def local_weights(
     DTensors (FSDP2) give their local shard and ``process_group`` or their
     mesh's group. A replicated weight among sharded ones is counted on the
     group's rank 0 only (an empty view elsewhere), so every weight counts once.
+    ``gather`` marks the sharded weights to gather whole instead (a collective;
+    see :func:`whole_on_first`): the same marks on every rank.
     """
     detached = [w.detach() for w in weights]
     dtensor = dtensor_type()
@@ -178,8 +235,10 @@ def local_weights(
 
     first = dist.get_rank(group) == 0
     local = []
-    for w in detached:
-        if isinstance(w, dtensor) and shard_group(w) is not None:
+    for i, w in enumerate(detached):
+        if isinstance(w, dtensor) and gather is not None and gather[i]:
+            local.append(whole_on_first(w, group))
+        elif isinstance(w, dtensor) and shard_group(w) is not None:
             local.append(to_local(w))
         else:
             whole = to_local(w) if isinstance(w, dtensor) else w

@@ -92,12 +92,16 @@ class FeatherParametrization(nn.Module):
     Spartan), the forward is ``backbone.forward_weight(index, weight, ...)``.
 
     FSDP2 hands the forward its gathered, plain weight, but leaves the stored
-    weight sharded (a DTensor) outside it: reading ``layer.weight`` there maps
-    the operator over this rank's shard and gives a DTensor laid out as the
-    stored one (:func:`~feather_sparse.distributed.on_local_shard`). A dim-0
-    shard holds whole rows, so each shard's values are those of the whole
-    weight (N:M groups lie within a row, for the backbones that take sharded
-    weights).
+    weight sharded (a DTensor) outside it; tensor parallelism
+    (``parallelize_module``) hands the forward the sharded weight itself. A
+    sharded weight maps the operator over this rank's shard and gives a
+    DTensor laid out as the stored one
+    (:func:`~feather_sparse.distributed.on_local_shard`), differentiable through
+    the shard. The unstructured operator is elementwise with one threshold for
+    all ranks, so each shard's values are those of the whole weight; so are an
+    N:M layer's where each shard holds whole groups (a dim-0 shard holds whole
+    rows), which the N:M backbone checks (``check_shard``; at attach for
+    tensor parallelism).
     """
 
     threshold: Tensor
@@ -758,18 +762,33 @@ class Pruner:
         """The stored dense weights (what the optimizer updates)."""
         return [t.weight for t in self.targets]
 
-    def _local_weights(self) -> tuple[list[Tensor], ProcessGroup | None]:
+    def _local_weights(
+        self, whole_groups: bool = False
+    ) -> tuple[list[Tensor], ProcessGroup | None]:
         """This rank's part of each prunable weight and the group it is sharded over.
 
         See :func:`feather_sparse.distributed.local_weights`; plain tensors
-        (also under DDP) are whole weights with group None.
+        (also under DDP) are whole weights with group None. ``whole_groups``:
+        an N:M layer whose shards split its groups is gathered whole onto the
+        group's first rank (a collective; see :meth:`_gathers`).
         """
-        return distributed.local_weights(self.weights(), self.process_group)
+        weights = self.weights()
+        gather = [self._gathers(i, w) for i, w in enumerate(weights)] if whole_groups else None
+        return distributed.local_weights(weights, self.process_group, gather)
 
-    def _layer_zeros(self) -> list[int]:
+    def _gathers(self, index: int, weight: Tensor) -> bool:
+        """Whether layer ``index``'s pruned weight must be computed from the whole
+        ``weight``: an N:M layer sharded (FSDP2) so that its shards split its groups
+        (GPT-2's ``Conv1D`` cut at a row off a multiple of M; a ``shard_placement_fn``
+        sharding its inputs). The same answer on every rank."""
+        return isinstance(self.backbone, NMBackbone) and self.backbone.splits_groups(index, weight)
+
+    def _layer_zeros(
+        self, local: tuple[list[Tensor], ProcessGroup | None] | None = None
+    ) -> list[int]:
         if self._ended is not None:
             return list(self._recorded(self._ended.zeros))
-        weights, group = self._local_weights()
+        weights, group = self._local_weights(whole_groups=True) if local is None else local
         counts = torch.stack(
             [
                 torch.count_nonzero(self.backbone.pruned_mask(i, w, th, operator=self.operator))
@@ -779,9 +798,14 @@ class Pruner:
         distributed.all_reduce_sum(counts, group)
         return [int(c) for c in counts.tolist()]
 
-    def _shown_thresholds(self) -> list[float]:
-        """The threshold the report shows for each layer (the backbone's choice)."""
-        weights, _ = self._local_weights()
+    def _shown_thresholds(
+        self, local: tuple[list[Tensor], ProcessGroup | None] | None = None
+    ) -> list[float]:
+        """The threshold the report shows for each layer (the backbone's choice); N:M's
+        mean over the groups of the whole weights (a collective for sharded weights)."""
+        weights, group = self._local_weights(whole_groups=True) if local is None else local
+        if isinstance(self.backbone, NMBackbone):
+            return self.backbone.report_thresholds(weights, self._buffers(), group)
         return [
             self.backbone.report_threshold(i, w, th)
             for i, (w, th) in enumerate(zip(weights, self._buffers()))
@@ -814,9 +838,10 @@ class Pruner:
         sparsity: the one finalized at). After :meth:`remove`, the state just
         before it (the model's weights are dense again).
         """
-        zeros = self._layer_zeros()
+        local = None if self._ended is not None else self._local_weights(whole_groups=True)
+        zeros = self._layer_zeros(local)
         if self._ended is None:
-            shown = self._shown_thresholds()
+            shown = self._shown_thresholds(local)
         else:
             shown = list(self._recorded(self._ended.shown))
         rows = []
@@ -1151,8 +1176,14 @@ class Pruner:
                 if id(module) in layers:
                     key = _join(name, "weight")
                     param = self._parametrization(layers[id(module)])
+                    value = out[key]
+                    if self._gathers(param.index, value):  # shards that split N:M groups
+                        whole = param(distributed.full_tensor(value))  # a collective
+                        value = whole if full else distributed.shard_like(whole, value)
+                    else:
+                        value = distributed.on_local_shard(param, value)
                     # a tensor of its own: the forward may be a view of a cache (nm.fused)
-                    out[key] = distributed.on_local_shard(param, out[key]).detach().clone()
+                    out[key] = value.detach().clone()
         if full:
             out = {key: distributed.full_tensor(value) for key, value in out.items()}
         return out

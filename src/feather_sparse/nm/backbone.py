@@ -19,7 +19,13 @@ needs nothing but the step (the ramp buffers are in the Pruner's state).
 
 Sharding: groups lie within one output row, so a dim-0 shard (FSDP2) holds
 whole groups and each rank prunes its own; :meth:`thresholds` needs no
-statistics of the weights, hence no communication.
+statistics of the weights, hence no communication. A shard that cuts through
+the groups (:meth:`NMBackbone.splits_groups`: a Linear stored ``(in, out)``,
+or a shard along the inputs, cut off a multiple of ``M``) cannot be computed
+alone: under FSDP2, whose forward gathers the whole weight, the Pruner's
+other collectives (S-STE's β, the report, ``dense_state_dict``) gather such
+a layer whole; under tensor parallelism, whose forward computes shard by
+shard, it is refused at attach.
 """
 
 from __future__ import annotations
@@ -28,13 +34,19 @@ import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget, on_device
-from feather_sparse.distributed import dtensor_type, to_local
+from feather_sparse.distributed import (
+    all_reduce_sum,
+    dtensor_type,
+    shard_cuts,
+    to_local,
+    whole_on_first,
+)
 from feather_sparse.nm import fused as _fused
 from feather_sparse.nm.fused import FusedNMForward
 from feather_sparse.nm.operator import (
@@ -49,6 +61,9 @@ from feather_sparse.nm.operator import (
 )
 from feather_sparse.ops import Operator, ThresholdOperator, apply_function, compute_dtype
 from feather_sparse.schedules import ConstantSchedule, Schedule
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["DEFAULT_NM_SCHEDULE", "DEFAULT_PATTERN", "NMBackbone", "NMSettings", "nm_settings"]
 
@@ -146,11 +161,10 @@ class NMBackbone(Backbone):
         dtensor = dtensor_type()
         for t, order in zip(targets, orders):
             check_layout(t.name, t.module, t.weight, self.pattern, order)
-            if order == "transposed" and dtensor is not None and isinstance(t.weight, dtensor):
-                raise ValueError(
-                    f"layer {t.name!r} stores its weight (in, out), so a dim-0 shard would split "
-                    f"its N:M groups: exclude it, or attach the Pruner before sharding the model"
-                )
+            # Distributed before attaching (FSDP2 is refused earlier): tensor parallelism,
+            # whose forward computes each rank's shard alone
+            if dtensor is not None and isinstance(t.weight, dtensor):
+                self._refuse_split_shards(t, order)
         super().setup(targets)
         self._orders = orders
         # a layer not grouped flat computes alone (its groups are not runs of its storage)
@@ -211,6 +225,8 @@ class NMBackbone(Backbone):
         ``indices``: the layers ``weights`` are (default: all, in order)."""
         sums = []
         for i, w in zip(range(len(weights)) if indices is None else indices, weights):
+            if self.process_group is not None and self.splits_groups(i, self.targets[i].weight):
+                w = whole_on_first(self.targets[i].weight, self.process_group)  # a collective
             w = self._grouped(i, w)
             s = nm_threshold(w, self.pattern, p=1.0).to(compute_dtype(w.dtype))
             sums.append(torch.stack([(w.to(s.dtype) * s).sum(), (s * s).sum()]).float())
@@ -320,6 +336,46 @@ class NMBackbone(Backbone):
             scale=None if self._beta is None else self._beta[index],
         )
 
+    def splits_groups(self, index: int, weight: Tensor) -> bool:
+        """Whether some rank's shard of layer ``index``'s ``weight`` cuts through its groups.
+
+        The same answer on every rank (it reads the layout, not this rank's
+        shard), so a collective that gathers such a layer is called everywhere.
+        False for a plain tensor. A dim-0 shard holds whole rows, hence whole
+        groups; a cut along a dimension the groups run through keeps them whole
+        when it falls on a group boundary of every row. A layout that
+        :func:`~feather_sparse.distributed.shard_cuts` cannot tell counts as a split
+        (gathering is always right).
+        """
+        dtensor = dtensor_type()
+        if dtensor is None or not isinstance(weight, dtensor):
+            return False
+        return _splits_groups(weight, self._orders[index] if self._orders else "flat", self.pattern)
+
+    def _refuse_split_shards(self, target: PruneTarget, order: str) -> None:
+        """Raise if the weight of ``target``, distributed before attaching, is in shards
+        that split its groups (see :meth:`setup`).
+
+        Raises:
+            ValueError: naming the layer, its shards and the fixes.
+        """
+        weight: Any = target.weight
+        if not _splits_groups(weight, order, self.pattern):
+            return
+        row = math.prod(_in_group_order(torch.empty(weight.shape, device="meta"), order).shape[1:])
+        m = self.pattern.m
+        raise ValueError(
+            f"layer {target.name!r}: its weight {tuple(weight.shape)} is distributed "
+            f"(placements {tuple(weight.placements)}) in shards that split its {self.pattern} "
+            f"groups (this rank's shard: {tuple(to_local(weight).shape)}). Under tensor "
+            "parallelism the forward computes the pruned weight shard by shard, so each shard "
+            f"must hold whole groups of M = {m} consecutive inputs: shard this layer along its "
+            f"outputs (ColwiseParallel), use a number of processes that cuts its {row} inputs "
+            f"at multiples of {m}, or leave it dense (exclude=[{target.name!r}]). (FSDP2, "
+            "whose forward gathers the whole weight, takes such layers: there, attach the "
+            "Pruner before fully_shard)"
+        )
+
     def check_shard(self, index: int, weight: Tensor) -> None:
         """Raise unless this rank's shard of layer ``index``'s sharded ``weight`` (a
         DTensor) holds whole groups, so that the forward of the shard alone is the
@@ -376,10 +432,7 @@ class NMBackbone(Backbone):
         """Tensor ``index``'s ``w`` in its group order (rows of outputs, the reduction
         innermost): input channels innermost for a convolution grouped by channels,
         transposed for a Linear stored ``(in, out)``, else ``w`` itself."""
-        order = self._orders[index] if self._orders else "flat"
-        if order == "channels":
-            return w.movedim(1, -1)
-        return w.t() if order == "transposed" else w
+        return _in_group_order(w, self._orders[index] if self._orders else "flat")
 
     def _ungrouped(self, index: int, x: Tensor) -> Tensor:
         """The inverse of :meth:`_grouped`: back to the weight's own layout."""
@@ -439,10 +492,33 @@ class NMBackbone(Backbone):
 
     def report_threshold(self, index: int, weight: Tensor, threshold: Tensor) -> float:
         """The mean group threshold ``r·T_g`` of tensor ``index``."""
-        if weight.numel() == 0:
-            return 0.0
-        _, t = nm_keep_mask(self._grouped(index, weight), self.pattern)
-        return float(t.mean()) * float(threshold)
+        return self.report_thresholds([weight], [threshold], None, [index])[0]
+
+    @torch.no_grad()
+    def report_thresholds(
+        self,
+        weights: Sequence[Tensor],
+        thresholds: Sequence[Tensor],
+        group: ProcessGroup | None = None,
+        indices: Sequence[int] | None = None,
+    ) -> list[float]:
+        """The mean group threshold ``r·T_g`` of each tensor; ``weights`` are this rank's
+        parts of the tensors ``indices`` (default: all, in order), summed over ``group``
+        (one all-reduce: every rank calls it) when they are shards."""
+        sums = []
+        for i, w in zip(range(len(weights)) if indices is None else indices, weights):
+            if w.numel() == 0:  # an empty part (another rank holds the weight)
+                sums.append(torch.zeros(2, dtype=torch.float64, device=w.device))
+                continue
+            _, t = nm_keep_mask(self._grouped(i, w), self.pattern)
+            count = t.new_tensor(t.numel(), dtype=torch.float64)
+            sums.append(torch.stack([t.double().sum(), count]))
+        if not sums:
+            return []
+        both = all_reduce_sum(torch.stack(sums), group)  # (tensors, 2): Σ T_g, groups
+        return [
+            float(s / n) * float(r) if n else 0.0 for (s, n), r in zip(both.tolist(), thresholds)
+        ]
 
     def check_final(self, index: int, weight: Tensor) -> None:
         """Raise unless every group of ``weight`` holds at most ``n`` nonzeros.
@@ -567,6 +643,46 @@ class NMBackbone(Backbone):
 
 
 BACKBONES.register("nm", NMBackbone)
+
+
+def _in_group_order(w: Tensor, order: str) -> Tensor:
+    """``w`` in the group order of a layer grouped ``order`` (see NMBackbone._grouped)."""
+    if order == "channels":
+        return w.movedim(1, -1)
+    return w.t() if order == "transposed" else w
+
+
+def _group_dim(dim: int, ndim: int, order: str) -> int:
+    """Where dimension ``dim`` of a weight goes in its group order (see :func:`_in_group_order`)."""
+    if order == "transposed":
+        return 1 - dim
+    if order == "channels" and dim >= 1:
+        return ndim - 1 if dim == 1 else dim - 1
+    return dim
+
+
+def _splits_groups(weight: Any, order: str, pattern: NMPattern) -> bool:
+    """Whether the shards of the DTensor ``weight`` (grouped ``order``) cut through groups.
+
+    In the group order, groups are ``m`` consecutive entries of a row (dims 1…).
+    A cut at index ``c`` of dimension ``g >= 1`` falls at flat offset
+    ``c · inner`` within each block of that dimension (``inner`` the size of
+    the dimensions after it), and blocks repeat every ``size_g · inner``: the
+    cut lies on group boundaries everywhere iff both are multiples of ``m``.
+    """
+    cuts = shard_cuts(weight)
+    if cuts is None:
+        return True
+    shape = _in_group_order(torch.empty(weight.shape, device="meta"), order).shape
+    m = pattern.m
+    for dim, offsets in cuts.items():
+        g = _group_dim(dim, len(shape), order)
+        if g == 0 or not offsets:  # rows: a group never crosses one
+            continue
+        inner = math.prod(shape[g + 1 :])
+        if any(c * inner % m for c in offsets) or (g > 1 and shape[g] * inner % m):
+            return True
+    return False
 
 
 def _beta_placeholder(target: PruneTarget) -> Tensor:
