@@ -18,7 +18,12 @@ Pruner is attached, every layer it parametrizes therefore carries a
   saved with the parametrization keys by an earlier version) and loads it
   into the stored dense weights; a whole tensor for a weight FSDP2 shards
   loads as this rank's part of it (a full state dict, as DCP's
-  ``set_model_state_dict(..., StateDictOptions(full_state_dict=True))`` passes).
+  ``set_model_state_dict(..., StateDictOptions(full_state_dict=True))`` passes);
+  what the load reports — its missing keys, its errors — names the weight
+  ``<layer>.weight`` too (a ``load_state_dict`` post-hook).
+
+The ``state_dict`` hook runs first of the layer's post-hooks, so the user's
+own hooks on the layer see the plain key as on the plain layer.
 
 ``torch.distributed.checkpoint``'s ``get_model_state_dict`` resolves every
 key of ``model.state_dict()`` to the object it names, attribute by attribute;
@@ -35,6 +40,8 @@ in its ``parametrizations`` child (:class:`_WeightInParametrizations`).
 from __future__ import annotations
 
 import functools
+import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, Protocol
 
@@ -47,6 +54,9 @@ __all__ = ["FQN_MODIFIERS", "ORIGINAL", "SHARDED_MISSING", "Removable", "install
 #: Where ``parametrize`` keeps a layer's weight, relative to the layer.
 ORIGINAL = "parametrizations.weight.original"
 
+#: The key suffix of the value a module's ``get_extra_state()`` gives.
+_EXTRA_STATE = "_extra_state"
+
 #: The method ``torch.distributed.checkpoint.state_dict`` calls on a module to map
 #: the keys its ``state_dict`` hooks rename (``StateDictOptions``' ``dsd_fqn_modifiers``).
 FQN_MODIFIERS = "_fqn_modifiers"
@@ -54,8 +64,8 @@ FQN_MODIFIERS = "_fqn_modifiers"
 #: Added to a strict load's errors when an FSDP2-sharded layer finds neither of its
 #: weight's keys: the likely cause, and what to do instead.
 SHARDED_MISSING = (
-    "pruned weights are missing from the state loaded into this FSDP2 model (the missing "
-    "keys ending in .parametrizations.weight.original). If the state comes from "
+    "pruned weights are missing from the state loaded into this FSDP2 model (missing keys "
+    "ending in .weight above). If the state comes from "
     "set_model_state_dict(..., StateDictOptions(full_state_dict=True, "
     "broadcast_from_rank0=True)): that option hands the ranks other than 0 only the entries "
     "named as parameters, and a pruned weight's key (its plain name) is not one; give every "
@@ -82,14 +92,20 @@ def _save_hook(
     key = prefix + ORIGINAL
     if key not in state_dict:
         return
-    # This hook runs after the module's whole subtree is saved, so its entries
-    # are the last ones; re-insert them (a handful) in the plain layer's order:
-    # the parameters before ``weight``, ``weight``, then the rest.
+    # This hook runs first of the module's post-hooks, right after its whole
+    # subtree is saved, so the module's entries are the last ones; re-insert
+    # them (a handful) in the plain layer's order: the parameters before
+    # ``weight``, ``weight``, then the rest. An entry that is not the module's
+    # (one a ``destination`` held already) ends the walk.
+    own = {*module._parameters, *module._buffers, *module._modules, _EXTRA_STATE}
     tail: list[str] = []
     for name in reversed(state_dict):
-        if not name.startswith(prefix):
+        if not name.startswith(prefix) or name[len(prefix) :].split(".", 1)[0] not in own:
             break
         tail.append(name)
+    if key not in tail:  # not where the module saves it: rename it in its place
+        state_dict[prefix + "weight"] = state_dict.pop(key)
+        return
     tail.reverse()
     entries = {name: state_dict.pop(name) for name in tail}
     value = entries.pop(key)
@@ -100,52 +116,103 @@ def _save_hook(
     state_dict.update(entries)
 
 
-def _load_hook(
-    module: nn.Module,
-    state_dict: MutableMapping[str, Any],
-    prefix: str,
-    local_metadata: Any,
-    strict: bool,
-    missing_keys: list[str],
-    unexpected_keys: list[str],
-    error_msgs: list[str],
-) -> None:
-    """Move a plain ``<prefix>weight`` entry to the parametrization's ``original``.
+class _PlainLoad:
+    """A parametrized layer's ``load_state_dict`` pre-hook and post-hook (picklable).
 
-    Runs before the module and its children load, so the renamed entry then
-    reaches the parametrization like any other key. A state with only the
-    parametrization key (saved by an earlier version) loads as it is. A whole
-    tensor for a weight FSDP2 shards (a full state dict) loads as this rank's
-    part of it (:func:`~feather_sparse.distributed.shard_like`).
-
-    Raises:
-        RuntimeError: when the state holds both keys with different tensors
-            (which to load is ambiguous). Both keys with the module's own
-            stored weight under the parametrization key — what
-            ``torch.distributed.checkpoint``'s ``set_model_state_dict`` adds
-            from ``named_parameters()`` — load the plain key's value. A strict
-            load into an FSDP2-sharded layer with neither key adds the likely
-            cause and its fix to the load's error.
+    The pre-hook (:meth:`pre`) moves a plain ``<prefix>weight`` entry to the
+    parametrization's ``original``; the post-hook (:meth:`post`) then names
+    the weight by its plain key again in what the load reports — its missing
+    keys, and its errors such as a size mismatch — as the plain layer would.
     """
-    parametrizations: Any = module._modules.get("parametrizations")
-    if parametrizations is None or "weight" not in parametrizations:
-        return
-    plain, original = prefix + "weight", prefix + ORIGINAL
-    stored = parametrizations.weight.original
-    if plain not in state_dict:
-        sharded = strict and original not in state_dict and _is_dtensor(stored)
-        if sharded and SHARDED_MISSING not in error_msgs:  # once, after torch's missing keys
+
+    def __init__(self) -> None:
+        #: Set by ``pre`` for ``post`` in the same load: the prefix, the load's
+        #: error list and how long it was, and whether the state lacks the
+        #: weight of a layer FSDP2 shards.
+        self.pending: tuple[str, list[str], int, bool] | None = None
+
+    def pre(
+        self,
+        module: nn.Module,
+        state_dict: MutableMapping[str, Any],
+        prefix: str,
+        local_metadata: Any,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        """Move a plain ``<prefix>weight`` entry to the parametrization's ``original``.
+
+        Runs before the module and its children load, so the renamed entry then
+        reaches the parametrization like any other key. A state with only the
+        parametrization key (saved by an earlier version) loads as it is. A whole
+        tensor for a weight FSDP2 shards (a full state dict) loads as this rank's
+        part of it (:func:`~feather_sparse.distributed.shard_like`).
+
+        Raises:
+            RuntimeError: when the state holds both keys with different tensors
+                (which to load is ambiguous). Both keys with the module's own
+                stored weight under the parametrization key — what
+                ``torch.distributed.checkpoint``'s ``set_model_state_dict`` adds
+                from ``named_parameters()`` — load the plain key's value.
+        """
+        self.pending = None
+        parametrizations: Any = module._modules.get("parametrizations")
+        if parametrizations is None or "weight" not in parametrizations:
+            return
+        plain, original = prefix + "weight", prefix + ORIGINAL
+        stored = parametrizations.weight.original
+        if plain not in state_dict:
+            if original not in state_dict:  # missing: report it under its plain key
+                self.pending = (prefix, error_msgs, len(error_msgs), _is_dtensor(stored))
+            return
+        if original in state_dict:
+            if not _same_tensor(state_dict[original], stored):
+                raise RuntimeError(
+                    f"the state holds both {plain!r} and {original!r}, the same weight under "
+                    "its plain name and its parametrize name: keep one of them (the plain name "
+                    "is what model.state_dict() gives while a Pruner is attached)"
+                )
+            del state_dict[original]
+        state_dict[original] = distributed.shard_like(state_dict.pop(plain), stored)
+        self.pending = (prefix, error_msgs, len(error_msgs), False)
+
+    def post(self, module: nn.Module, incompatible_keys: Any) -> None:
+        """Name the weight ``<prefix>weight`` in the load's missing keys and errors.
+
+        A strict load into an FSDP2-sharded layer whose weight the state lacks
+        also gets the likely cause and its fix (:data:`SHARDED_MISSING`).
+        """
+        if self.pending is None:
+            return
+        (prefix, error_msgs, start, sharded_absent), self.pending = self.pending, None
+        original, plain = prefix + ORIGINAL, prefix + "weight"
+        missing = incompatible_keys.missing_keys
+        if original in missing:
+            missing[missing.index(original)] = plain
+        # a key in a message, not the tail of a longer one (``x0.`` for ``0.``)
+        named = re.compile(r"(?<![\w.])" + re.escape(original) + r"(?![\w.])")
+        for i in range(start, len(error_msgs)):
+            error_msgs[i] = named.sub(plain, error_msgs[i])
+        if sharded_absent and SHARDED_MISSING not in error_msgs and _strict_load():
             error_msgs.append(SHARDED_MISSING)
-        return
-    if original in state_dict:
-        if not _same_tensor(state_dict[original], stored):
-            raise RuntimeError(
-                f"the state holds both {plain!r} and {original!r}, the same weight under "
-                "its plain name and its parametrize name: keep one of them (the plain name "
-                "is what model.state_dict() gives while a Pruner is attached)"
-            )
-        del state_dict[original]
-    state_dict[original] = distributed.shard_like(state_dict.pop(plain), stored)
+
+
+def _strict_load() -> bool:
+    """Whether the ``nn.Module.load_state_dict`` call running now is strict.
+
+    Its hooks are always told ``strict=True`` (``load_state_dict`` applies
+    ``strict`` only after they ran), so this reads the call's own argument;
+    False where no such call is found.
+    """
+    code = nn.Module.load_state_dict.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return bool(frame.f_locals.get("strict", True))
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -248,10 +315,15 @@ def install(modules: Sequence[tuple[nn.Module, Sequence[str]]]) -> list[Removabl
         seen.add(id(module))
         names = list(names)
         preceding = frozenset(names[: names.index("weight")] if "weight" in names else ())
-        handles.append(
-            module.register_state_dict_post_hook(functools.partial(_save_hook, preceding))
-        )
-        handles.append(module.register_load_state_dict_pre_hook(_load_hook))
+        save = module.register_state_dict_post_hook(functools.partial(_save_hook, preceding))
+        # First of the module's post-hooks: the user's own ones, registered
+        # before the Pruner or after it, see the plain key as on the plain layer.
+        hooks: Any = module._state_dict_hooks  # an OrderedDict
+        hooks.move_to_end(save.id, last=False)
+        load = _PlainLoad()
+        handles.append(save)
+        handles.append(module.register_load_state_dict_pre_hook(load.pre))
+        handles.append(module.register_load_state_dict_post_hook(load.post))
         previous = getattr(module, FQN_MODIFIERS, None)
         handles.append(_AttributeHandle(module, FQN_MODIFIERS, _FqnModifiers(previous)))
     return handles

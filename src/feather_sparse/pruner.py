@@ -513,8 +513,9 @@ class Pruner:
     ``pruner.pruner_config``, and :meth:`from_config` takes one directly.
 
     Raises:
-        ValueError: for invalid arguments, a model with no prunable layer, or a
-            model already pruned. Nothing in the model is modified then.
+        ValueError: for invalid arguments, a model with no prunable layer, a
+            model already pruned, or weights on the meta device (not yet
+            materialised). Nothing in the model is modified then.
     """
 
     def __init__(
@@ -629,6 +630,13 @@ class Pruner:
         distributed.refuse_sharded_model(model, [t.weight for t in targets])
         ddp_indices = distributed.ddp_reducer_indices(model)
         devices = {t.weight.device for t in targets}
+        if any(device.type == "meta" for device in devices):
+            raise ValueError(
+                "the prunable weights are on the meta device (they hold no values yet), and a "
+                "Pruner measures them when it attaches: materialise the model first "
+                "(model.to_empty(device=...), then initialise or load its weights) and create "
+                "the Pruner after"
+            )
         if len(devices) > 1 and self.backbone.name.startswith("global"):
             raise ValueError(
                 f"prunable weights live on several devices ({sorted(map(str, devices))}); the "
