@@ -163,3 +163,29 @@ def test_the_pruner_answers_after_finish(finalize: bool) -> None:
     else:
         assert report == before  # the state it detached in; the weights are dense again
     assert driver.metrics() == {}  # nothing attached to log about
+
+
+@pytest.mark.parametrize("schedule", ["cubic", "callable"])
+def test_bake_pending_writes_the_saved_forward_into_a_plain_model(schedule: str) -> None:
+    """What ``validate(ckpt_path=...)`` of a checkpoint taken mid-training evaluates."""
+    chosen: object = (lambda step: 0.5 * min(step / 4, 1.0)) if schedule == "callable" else "cubic"
+    model = mlp()
+    driver = PrunerDriver("cb", 0.5, {"schedule": chosen})
+    pruner = driver.attach(model, total_steps=8)
+    for _ in range(3):
+        driver.step()
+    x = torch.randn(5, 8)
+    expected, pruned = model(x), pruner.dense_state_dict(pruned=True)
+    saved, dense = driver.state_dict(), {k: v.clone() for k, v in model.state_dict().items()}
+
+    other = mlp()  # what the framework restores first: the checkpoint's dense weights
+    other.load_state_dict(dense)
+    evaluator = PrunerDriver("cb", 0.5, {"schedule": chosen})
+    assert evaluator.bake_pending(other) is None  # nothing pending: nothing done
+    evaluator.load_state_dict(saved)
+    assert evaluator.bake_pending(other) == 3
+    assert not evaluator.has_pending() and evaluator.pruner is None
+    assert not any(hasattr(m, "parametrizations") for m in other.modules())
+    for key, value in other.state_dict().items():
+        assert torch.equal(value, pruned[key]), key
+    assert torch.equal(other(x), expected)

@@ -371,3 +371,47 @@ def test_gpt2_nm_groups_run_along_the_inputs_of_conv1d() -> None:
     with pytest.raises(ValueError, match=r"stored \(in, out\)\) has 30 inputs"):
         bad = Conv1D(8, 30)  # nf=8 outputs, nx=30 inputs
         fs.Pruner(torch.nn.Sequential(bad), pattern="2:4", include=[Conv1D])
+
+
+def test_load_best_model_at_end_finalizes_the_best_checkpoints_weights(tmp_path: Path) -> None:
+    """The docs' promise: the Trainer loads the best checkpoint's dense weights (non-strictly,
+    so plain keys matter) and finalize() prunes them to the target."""
+    from safetensors.torch import load_file
+
+    model = tiny_bert()
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=BATCH,
+        num_train_epochs=EPOCHS,
+        eval_strategy="steps",
+        eval_steps=3,
+        save_steps=3,
+        save_total_limit=1,
+        load_best_model_at_end=True,
+        metric_for_best_model="eval_loss",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        log_level="error",
+    )
+    feather = FeatherCallback(SPARSITY, exclude=["classifier"])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=RandomTokens(),
+        eval_dataset=RandomTokens(),
+        callbacks=[feather],
+    )
+    with one_thread():
+        trainer.train()
+    best = trainer.state.best_model_checkpoint
+    assert best is not None and feather.pruner is not None
+    assert trainer.state.global_step > int(best.rsplit("-", 1)[1])  # not the last weights
+    expected = tiny_bert()
+    expected.load_state_dict(load_file(os.path.join(best, "model.safetensors")), strict=False)
+    fs.Pruner(
+        expected, SPARSITY, total_steps=feather.pruner.total_steps, exclude=["classifier"]
+    ).finalize()
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, expected.state_dict()[key]), key

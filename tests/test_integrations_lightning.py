@@ -304,6 +304,8 @@ class ManualNet(pl.LightningModule):
     ``"accumulate"``: one optimizer stepping every ``ACCUMULATION`` batches.
     ``"skip"``: one optimizer stepping in every batch but one of the second epoch
     (a module skipping ``optimizer.step()`` on a bad loss).
+    ``"late-accumulate"``: one optimizer stepping in every batch of the first epoch,
+    then every ``ACCUMULATION`` batches.
     """
 
     def __init__(self, mode: str) -> None:
@@ -336,8 +338,11 @@ class ManualNet(pl.LightningModule):
                 self.optimizer_steps += 1
         else:
             assert not isinstance(optimizers, list)
-            self.manual_backward(loss / ACCUMULATION)
-            if (batch_idx + 1) % ACCUMULATION == 0:
+            every = (
+                1 if self.mode == "late-accumulate" and self.current_epoch == 0 else ACCUMULATION
+            )
+            self.manual_backward(loss / every)
+            if (batch_idx + 1) % every == 0:
                 optimizers.step()
                 optimizers.zero_grad()
                 self.optimizer_steps += 1
@@ -537,18 +542,47 @@ def test_manual_accumulation_without_total_steps_is_refused(tmp_path: Path) -> N
 
 
 @guard(
+    "Lightning, manual optimization without `total_steps`: gradient accumulation that starts "
+    "after the first epoch",
+    "`ValueError` at the first batch without `optimizer.step()`, in any epoch, saying to pass "
+    "`total_steps=N`; the module left dense",
+)
+def test_manual_accumulation_starting_in_a_later_epoch_is_refused(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = ManualNet("late-accumulate")
+    callback = FeatherCallback(SPARSITY, exclude=["disc.2"], schedule=RAMP)
+    trainer = bare_trainer([callback], accumulate=1)
+    with (
+        one_thread(),
+        pytest.raises(
+            ValueError, match=r"batch 0 of epoch 1 ended without an optimizer step.*total_steps=N"
+        ),
+    ):
+        trainer.fit(module, loader())
+    assert module.optimizer_steps == BATCHES  # the first epoch stepped in every batch
+    assert callback.pruner is None
+    assert not any(hasattr(m, "parametrizations") for m in module.modules())
+
+
+@guard(
     "Lightning, manual optimization without `total_steps`: a batch after the first epoch "
     "without `optimizer.step()` (skipped on a bad loss)",
-    "one warning; the fit goes on and is finalized at the target (the schedule one step behind)",
+    "`ValueError` naming the batch and the `total_steps=` that accepts such batches; the fit "
+    "resumes from its last checkpoint with it and is finalized at the target",
 )
-def test_manual_batch_skipped_after_the_first_epoch_warns_once(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_manual_batch_skipped_after_the_first_epoch_is_refused_then_resumes(
+    tmp_path: Path,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="feather_sparse.integrations.lightning"):
-        run = manual_fit(tmp_path, "skip")
-    skipped = [r for r in caplog.records if "without an optimizer step" in r.getMessage()]
-    assert len(skipped) == 1 and "batch 3 of epoch 1" in skipped[0].getMessage()
-    assert run.module.optimizer_steps == BATCHES * EPOCHS - 1
+    batches = BATCHES * EPOCHS
+    with pytest.raises(
+        ValueError,
+        match=rf"batch 3 of epoch 1 ended without an optimizer step.*total_steps={batches}",
+    ):
+        manual_fit(tmp_path / "refused", "skip")
+    checkpoint = tmp_path / "refused" / "ckpt" / f"epoch=0-step={BATCHES}.ckpt"
+    run = manual_fit(tmp_path / "resumed", "skip", str(checkpoint), total_steps=batches)
+    assert run.module.optimizer_steps == BATCHES - 1  # the second epoch, one batch skipped
+    assert run.callback.pruner is not None and run.callback.pruner.current_step == batches - 1
     assert not any(hasattr(m, "parametrizations") for m in run.module.modules())  # finalized
     assert run.callback.final_sparsity == pytest.approx(SPARSITY, abs=1e-3)
 
@@ -586,3 +620,72 @@ def test_a_fit_ending_before_the_schedule_does_warns(
         bare_trainer([callback]).fit(module, loader())
     assert "finalize prunes to the target 0.7500 in one jump" in caplog.text
     assert f"after {OPTIMIZER_STEPS} of the schedule's {2 * OPTIMIZER_STEPS} steps" in caplog.text
+
+
+# ------------------------------------------------------- checkpoints outside the fit
+class ValidatedNet(TinyNet):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self(x), y))
+
+
+@guard(
+    "Lightning: `trainer.validate/test/predict(ckpt_path=...)` of a checkpoint written during "
+    "the fit (its weights are the dense ones training continues from)",
+    "the module gets the checkpoint's pruned weights (its saved thresholds baked in): the "
+    "model the fit validated, with exact zeros",
+)
+def test_validating_the_best_checkpoint_evaluates_its_pruned_model(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = ValidatedNet()
+    callback = FeatherCallback(SPARSITY, exclude=["head"])
+    best = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=1)
+    trainer = pl.Trainer(
+        max_epochs=EPOCHS,
+        accumulate_grad_batches=ACCUMULATION,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[callback, best],
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with one_thread():
+        trainer.fit(module, loader(), loader())
+        (result,) = trainer.validate(module, loader(), ckpt_path="best", verbose=False)
+    # The fit validated the pruned forward; the best checkpoint evaluates to the same loss.
+    assert result["val_loss"] == pytest.approx(float(best.best_model_score), rel=1e-6)
+    saved = torch.load(best.best_model_path, map_location="cpu", weights_only=False)
+    zeros_then = saved["callbacks"]["FeatherCallback"]["current_sparsity"]
+    layers = [module.body[0], module.body[2]]
+    assert not any(hasattr(m, "parametrizations") for m in module.modules())
+    n = sum(m.weight.numel() for m in layers)
+    zeros = sum(int((m.weight == 0).sum()) for m in layers)
+    assert zeros > 0 and abs(zeros / n - float(zeros_then)) <= 1 / n
+
+
+@guard(
+    "Lightning: `ModelCheckpoint(save_weights_only=True)` beside the callback (its checkpoints "
+    "hold the dense weights and no Pruner state)",
+    "a warning when training starts, naming what to save instead; the fit runs",
+)
+def test_weights_only_checkpoints_are_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    module = TinyNet()
+    callback = FeatherCallback(SPARSITY, exclude=["head"])
+    weights = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_weights_only=True)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[callback, weights],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with one_thread(), caplog.at_level(logging.WARNING, logger=FeatherCallback.__module__):
+        trainer.fit(module, loader())
+    assert "ModelCheckpoint(save_weights_only=True)" in caplog.text
+    assert "neither resume the pruning nor hold the pruned model" in caplog.text
+    assert callback.final_sparsity == pytest.approx(SPARSITY, abs=1e-3)

@@ -297,6 +297,50 @@ class PrunerDriver:
             self.reset()  # leave the model plain, as a failed attach does
             raise ValueError(f"the Pruner is at step {at} but the Trainer at {step}: {remedy}")
 
+    @torch.no_grad()
+    def bake_pending(self, model: nn.Module) -> int | None:
+        """Write the pending saved state's pruned weights into ``model``, without a Pruner.
+
+        For evaluating a checkpoint taken during training: its weights are the
+        dense ones training continues from, and the forward of that moment was
+        ``P_T(w)`` with the thresholds saved beside them. A Pruner is rebuilt
+        from the saved state (its own settings; the callback's ``schedule``
+        stands in for a custom callable one, which cannot be saved), its
+        ``P_T(w)`` is baked into the weights, and it is detached: ``model``
+        then computes what it computed when the checkpoint was written, with
+        exact zeros. A Pruner this driver still has attached is detached first.
+
+        Returns:
+            The saved state's step, or None (and ``model`` untouched) when no
+            state is pending.
+
+        Raises:
+            ValueError: for a state that is not a Pruner state or does not fit
+                ``model`` (the Pruner's message); ``model`` keeps the checkpoint's
+                dense weights then.
+        """
+        state, self._pending = self._pending, None
+        if not state:
+            return None
+        if self.attached:
+            self.reset()
+        config = state.get("config")
+        overrides: dict[str, Any] = {}
+        if (
+            isinstance(config, Mapping)
+            and isinstance(config.get("schedule"), Mapping)
+            and config["schedule"].get("name") == "<callable>"
+            and "schedule" in self.pruner_kwargs
+        ):
+            overrides["schedule"] = self.pruner_kwargs["schedule"]
+        pruner = Pruner.from_state_dict(model, state, **overrides)
+        try:
+            step, pruned = pruner.current_step, pruner.dense_state_dict(pruned=True)
+        finally:
+            pruner.remove()
+        model.load_state_dict(pruned)
+        return step
+
     def has_pending(self) -> bool:
         """Whether a saved state waits for :meth:`attach`."""
         return self._pending is not None

@@ -32,6 +32,16 @@ What the callback does, hook by hook:
   loads strictly into the plain module Lightning restores first on resume.
 - ``on_train_end``: :meth:`~feather_sparse.Pruner.finalize` — the module holds
   plain weights with exact zeros at the target sparsity.
+- ``on_validation_start`` / ``on_test_start`` / ``on_predict_start`` outside a
+  fit (``trainer.validate/test/predict(ckpt_path=...)``): a checkpoint this
+  callback wrote holds the dense weights training continues from; the callback
+  bakes its saved thresholds into them (``P_T(w)``), so the module evaluates,
+  and keeps, the model the fit validated at that step.
+
+Checkpoints written with ``ModelCheckpoint(save_weights_only=True)`` hold the
+dense weights without the Pruner's state (Lightning leaves callbacks out of
+them): they neither resume the pruning nor hold the pruned model, and the
+callback warns about them when training starts.
 
 Manual optimization (``self.automatic_optimization = False``). There
 ``trainer.global_step`` counts every ``optimizer.step()`` call of every
@@ -44,12 +54,14 @@ that, and raises a ``ValueError`` saying to pass ``total_steps=N`` (N = the
 number of batches in which an optimizer steps) at the first batch that shows
 otherwise, after detaching the Pruner (the module keeps its dense weights):
 
-- a batch with no optimizer step in the fit's first epoch (manual gradient
-  accumulation over ``k`` batches: pass
-  ``total_steps = max_epochs * (batches per epoch // k)``); a batch skipped
-  later (a module that skips ``optimizer.step()`` on a NaN loss, say) only
-  logs a warning, once, so that it never ends a long fit: the schedule falls
-  behind by one step per skipped batch;
+- a batch with no optimizer step, in any epoch (manual gradient accumulation
+  over ``k`` batches, even one that starts in a later epoch: pass
+  ``total_steps = max_epochs * (batches per epoch // k)``). The callback
+  cannot tell accumulation from a step skipped on a NaN loss; a module that
+  skips now and then passes ``total_steps=`` the training batches (the
+  number the message gives), which keeps the schedule on the batches and
+  lets it fall one step behind per skipped batch. A fit stopped by this
+  error resumes from its last checkpoint with that ``total_steps=``;
 - a batch with several optimizer steps while ``Trainer(max_steps=M)`` may end
   the fit before its last batch (``max_steps`` counts every optimizer's
   steps, so the fit runs ``ceil(M / steps per batch)`` batches).
@@ -72,6 +84,7 @@ import math
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.trainer.states import TrainerFn
 
 from feather_sparse.integrations._common import DrivenCallback
 
@@ -143,8 +156,6 @@ class FeatherCallback(DrivenCallback, pl.Callback):
         self._manual = False  # the module uses manual optimization (set when training starts)
         self._batches: float = math.inf  # training batches the fit runs if max_steps allows
         self._pending_global_step: int | None = None  # from a manual-optimization checkpoint
-        self._first_epoch = 0  # the epoch this fit (or resumed fit) started in
-        self._warned_skip = False  # a later batch without an optimizer step was warned about
 
     # ------------------------------------------------------------------ hooks
     def _total(self, trainer: pl.Trainer) -> int:
@@ -168,7 +179,6 @@ class FeatherCallback(DrivenCallback, pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._manual = not pl_module.automatic_optimization
-        self._first_epoch, self._warned_skip = trainer.current_epoch, False
         self._batches = self._batches_without_max_steps(trainer)
         self._driver.attach(pl_module, self._total(trainer))
         saved_at, self._pending_global_step = self._pending_global_step, None
@@ -183,6 +193,23 @@ class FeatherCallback(DrivenCallback, pl.Callback):
         else:
             self._driver.check_step(trainer.global_step, _RESUME_REMEDY)
         self._seen_global_step = trainer.global_step
+        self._warn_weights_only(trainer)
+
+    def _warn_weights_only(self, trainer: pl.Trainer) -> None:
+        """Warn about checkpoints that will hold neither the Pruner's state nor its zeros."""
+        for checkpoint in trainer.checkpoint_callbacks:
+            if getattr(checkpoint, "save_weights_only", False):
+                logger.warning(
+                    "%s: %s(save_weights_only=True) writes the dense weights training "
+                    "continues from, without the Pruner's state: its checkpoints neither "
+                    "resume the pruning nor hold the pruned model. Save full checkpoints "
+                    "(validate/test/predict(ckpt_path=...) then evaluate their pruned "
+                    "weights), or the finalized module after fit "
+                    "(trainer.save_checkpoint(path, weights_only=True), fs.save_sparse)",
+                    type(self).__name__,
+                    type(checkpoint).__name__,
+                )
+                return
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Resumed from a checkpoint of a finished fit, Lightning trains nothing and calls
@@ -193,8 +220,34 @@ class FeatherCallback(DrivenCallback, pl.Callback):
             self._driver.finish()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":  # validate/test/predict(ckpt_path=...) restored a state: not for a fit
-            self.load_state_dict({})
+        # A state restored for this run and not applied (validate/test/predict without
+        # an evaluation loop, a fit that failed before training) belongs to no later run.
+        self.load_state_dict({})
+
+    def _evaluate_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``validate``/``test``/``predict(ckpt_path=...)`` of a checkpoint this callback
+        wrote: Lightning has loaded its dense weights; bake the saved thresholds' ``P_T(w)``
+        into them, so the module computes what it computed when the checkpoint was written."""
+        if trainer.state.fn == TrainerFn.FITTING:
+            return  # the fit's own validation: the attached Pruner's forward is the one
+        self._pending_global_step = None
+        step = self._driver.bake_pending(pl_module)
+        if step is not None:
+            logger.info(
+                "%s: %s evaluates the checkpoint's pruned weights (Pruner step %d)",
+                type(self).__name__,
+                trainer.state.fn,
+                step,
+            )
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._evaluate_checkpoint(trainer, pl_module)
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._evaluate_checkpoint(trainer, pl_module)
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._evaluate_checkpoint(trainer, pl_module)
 
     def on_train_batch_end(
         self,
@@ -229,28 +282,23 @@ class FeatherCallback(DrivenCallback, pl.Callback):
                 ``max_steps`` may end the fit early; the Pruner is detached first.
         """
         where = f"training batch {batch_idx} of epoch {trainer.current_epoch}"
-        if moved == 0 and trainer.current_epoch > self._first_epoch:
-            # Accumulation shows in the fit's first epoch; a batch skipped later (a
-            # NaN loss, say) must not end hours of training: the schedule lags a step.
-            if not self._warned_skip:
-                self._warned_skip = True
-                logger.warning(
-                    "%s: with manual optimization, %s ended without an optimizer step; the "
-                    "Pruner does not step for it, so its schedule (laid out on every "
-                    "training batch) falls behind by one step per such batch and finalize "
-                    "jumps to the target at the end (pass total_steps= the number of batches "
-                    "in which an optimizer steps to lay it out on those)",
-                    type(self).__name__,
-                    where,
-                )
-            return
+        pruner = self._driver.pruner
+        assert pruner is not None  # attached in on_train_start
         if moved == 0:
+            # Checked in every epoch: accumulation may start late, and the callback
+            # cannot tell it from a step skipped on a bad loss; only the user can.
             problem = (
                 f"with manual optimization, {where} ended without an optimizer step (manual "
-                "gradient accumulation?), so the Pruner would step fewer times than the "
-                "training batches its schedule is laid out on and not reach the target"
+                "gradient accumulation, or a step skipped on a bad loss?), so the Pruner would "
+                f"step fewer times than the {pruner.total_steps} training batches its schedule "
+                "is laid out on and end short of the target"
             )
             example = "max_epochs * (batches per epoch // k) for accumulation over k batches"
+            note = (
+                f"; or, to keep the schedule on the training batches and let it fall one step "
+                f"behind per batch without a step, pass total_steps={pruner.total_steps}, with "
+                "which this fit also resumes from its last checkpoint"
+            )
         elif moved != 1 and trainer.max_steps != -1 and self._batches * moved > trainer.max_steps:
             problem = (
                 f"with manual optimization, Trainer(max_steps={trainer.max_steps}) counts every "
@@ -261,12 +309,13 @@ class FeatherCallback(DrivenCallback, pl.Callback):
             example = (
                 f"{batches} = max_steps / {moved}, rounded up, for {moved} steps in every batch"
             )
+            note = ""
         else:
             return
         self._driver.reset()  # the module keeps its dense weights
         raise ValueError(
             f"{problem}; pass FeatherCallback(..., total_steps=N) with N the number of "
-            f"training batches in which an optimizer steps (e.g. {example})"
+            f"training batches in which an optimizer steps (e.g. {example}){note}"
         )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
