@@ -75,6 +75,22 @@ def tiny_bert() -> BertForSequenceClassification:
     return BertForSequenceClassification(config)
 
 
+def quiet_args(output_dir: Path, **options: Any) -> TrainingArguments:
+    """Trainer arguments for these tests: CPU, seed 0, batch BATCH for EPOCHS epochs, no
+    reporting or progress bars; ``options`` add to them."""
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=BATCH,
+        num_train_epochs=EPOCHS,
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        log_level="error",
+        **options,
+    )
+
+
 class RandomTokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     def __init__(self) -> None:
         g = torch.Generator().manual_seed(1)
@@ -112,18 +128,11 @@ def train(
     output_dir: Path, resume: str | None = None
 ) -> tuple[BertForSequenceClassification, FeatherCallback, Recorder, Trainer]:
     model = tiny_bert()
-    args = TrainingArguments(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=BATCH,
+    args = quiet_args(
+        output_dir,
         gradient_accumulation_steps=ACCUMULATION,
-        num_train_epochs=EPOCHS,
         save_steps=SAVE_STEPS,
         logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        seed=0,
-        disable_tqdm=True,
-        log_level="error",
     )
     feather = FeatherCallback(SPARSITY, exclude=["classifier"])
     recorder = Recorder(feather)
@@ -379,21 +388,14 @@ def test_load_best_model_at_end_finalizes_the_best_checkpoints_weights(tmp_path:
     from safetensors.torch import load_file
 
     model = tiny_bert()
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=BATCH,
-        num_train_epochs=EPOCHS,
+    args = quiet_args(
+        tmp_path,
         eval_strategy="steps",
         eval_steps=3,
         save_steps=3,
         save_total_limit=1,
         load_best_model_at_end=True,
         metric_for_best_model="eval_loss",
-        report_to=[],
-        use_cpu=True,
-        seed=0,
-        disable_tqdm=True,
-        log_level="error",
     )
     feather = FeatherCallback(SPARSITY, exclude=["classifier"])
     trainer = Trainer(
