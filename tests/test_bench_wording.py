@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from feather_sparse._text import count, plural
 from feather_sparse.bench import BenchOptions
 from feather_sparse.bench import pages as bench_pages
 from feather_sparse.bench.pages import Context, machine_description, record_session, write_page
-from feather_sparse.bench.runner import RunOutcome, RunSpec, run_key
+from feather_sparse.bench.runner import TIME_FORMAT, RunOutcome, RunSpec, load_outcome, run_key
 
 SMALL_FLAGS = [
     "--set",
@@ -178,3 +179,72 @@ def test_run_keys_are_unchanged_and_names_say_what_the_run_is() -> None:
     assert run_name({"dense": True, "method": "feather", "seed": 1}) == "dense seed 1"
     # an outcome whose config has no method (hand-made) is shown by its key
     assert RunOutcome(key="k", config={}, ok=True).name == "k"
+
+
+# --------------------------------------------------------------------- dates
+def _dated_page(out: Path, outcomes: list[RunOutcome]) -> str:
+    spec = RunSpec("hard", 0.9, 0, {})
+    ctx = Context(
+        "operator",
+        BenchOptions(out=out, seeds=(0,)),
+        [(spec, o) for o in outcomes],
+        executed=0,
+        elapsed=1.0,
+        workers=1,
+    )
+    return write_page(ctx, "Thresholding operator", "body").read_text()
+
+
+def test_a_page_gives_the_dates_its_runs_recorded_and_is_the_same_when_made_again(
+    tmp_path: Path,
+) -> None:
+    """The footer's dates are the span of the runs' own records (each run once, failed
+    ones too), never the day the page is written: the same runs give the same bytes."""
+    cfg = {"dataset": "mnist1d", "model": "mnist1d_cnn", "method": "feather", "seed": 0}
+    first = RunOutcome(
+        "a", cfg, ok=True, started="2026-11-21T23:50:00Z", finished="2026-11-22T00:10:00Z"
+    )
+    later = RunOutcome(
+        "b",
+        cfg,
+        ok=False,
+        error="RuntimeError: diverged",
+        started="2026-11-23T08:00:00Z",
+        finished="2026-11-23T08:01:00Z",
+    )
+    older = RunOutcome("c", cfg, ok=True)  # stored before runs recorded their times
+    page = _dated_page(tmp_path, [first, later, later])
+    assert "\n- run dates (UTC): 2026-11-21 to 2026-11-23\n" in page
+    assert page == _dated_page(tmp_path, [first, later, later])  # no clock in the page
+    assert (
+        "- run dates (UTC): 2026-11-21 to 2026-11-22; 1 run stored before feather-sparse "
+        "recorded dates\n" in _dated_page(tmp_path, [older, first])
+    )
+    same_day = RunOutcome(
+        "d", cfg, ok=True, started="2026-11-21T09:00:00Z", finished="2026-11-21T09:30:00Z"
+    )
+    assert "\n- run dates (UTC): 2026-11-21\n" in _dated_page(tmp_path, [same_day])
+    assert "\n- run dates: not recorded (2 runs stored before feather-sparse recorded dates)\n" in (
+        _dated_page(tmp_path, [older, RunOutcome("e", cfg, ok=True)])
+    )
+
+
+def test_a_run_records_when_it_started_and_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``result.json`` holds the run's start and end (UTC), a failed run's too, and the
+    page made from it shows their days."""
+    _failing_training(monkeypatch)
+    before = datetime.now(timezone.utc).strftime(TIME_FORMAT)
+    argv = ["bench", "theta", "--quick", "--thetas", "1", *SMALL_FLAGS, "--out", str(tmp_path)]
+    assert cli.main(argv) == 1
+    after = datetime.now(timezone.utc).strftime(TIME_FORMAT)
+    capsys.readouterr()
+    (result,) = (tmp_path / "runs").glob("*/result.json")
+    stored = load_outcome(result.parent)
+    assert stored is not None and not stored.ok
+    assert before <= stored.started <= stored.finished <= after
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", stored.started)
+    days = sorted({stored.started[:10], stored.finished[:10]})
+    span = " to ".join(days)
+    assert f"\n- run dates (UTC): {span}\n" in (tmp_path / "theta.md").read_text()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from _guards import guard
-from _helpers import tiny_config, tiny_run
+from _helpers import tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli
 from feather_sparse.cli import train as cli_train
 from feather_sparse.integrity import DiskFullError
@@ -125,6 +125,50 @@ def test_a_recipe_file_is_read_on_its_own_as_the_help_and_docs_say(
     docs = " ".join((Path(__file__).parents[1] / "docs" / "training.md").read_text().split())
     assert "*not* the value of the bundled `mnist1d` recipe" in docs
     assert "is only the run's label" in docs
+
+
+# Configs training refuses before it starts, with (a part of) its one-line error.
+REFUSED_CONFIGS = [
+    (["--method", "nope"], "method: unknown method 'nope'; choose one of: feather,"),
+    (["--method", "hard", "--operator", "feather"], "method 'hard' fixes operator='hard'"),
+    (["--method", "gmp", "--backbone", "global"], "method 'gmp' fixes backbone='uniform'"),
+    (["--method", "feather-nm"], "method 'feather-nm' trains an N:M pattern: set pattern"),
+    (["--method", "st3", "--p", "2"], "p applies to the thresholding operators only"),
+    (["--method", "gmp", "--pattern", "2:4"], "method 'gmp' has no N:M form"),
+    (["--pattern", "3:2"], "an N:M pattern needs integers 0 < N < M"),
+    (["--sparsity", "1.5"], "sparsity must be in [0, 1)"),
+    (["--schedule-start", "0.6", "--schedule-end", "0.4"], "need 0 <= schedule_start <="),
+    (["--exclude", "re:("], "invalid regular expression in 're:('"),
+    (["--model", "nope"], "model: unknown model 'nope'"),
+    (["--dataset", "nope"], "dataset: unknown dataset 'nope'"),
+    (["--model-kwargs", "{num_classes = 3}"], "num_classes comes from the data set"),
+    (["--stop-after-epoch", "0"], "stop_after_epoch must be >= 1, got 0"),
+]
+
+
+@guard(
+    "`train --print-config` given a config training refuses (`--method nope`, `--method hard "
+    "--operator feather`, `--method feather-nm` without `--pattern`, ...)",
+    "CLI exit 1 with training's one-line error (the same checks), no recipe printed",
+)
+@pytest.mark.parametrize(
+    ("argv", "message"), REFUSED_CONFIGS, ids=[" ".join(a) for a, _ in REFUSED_CONFIGS]
+)
+def test_print_config_refuses_what_training_refuses_with_the_same_error(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A printed recipe trains: ``--print-config`` makes the checks training makes
+    before it starts, and answers a config it refuses with the same line and code."""
+    argv = [*tiny_run_args(256, 64, epochs=1), *argv]
+    trained = cli.main(["train", *argv, "--run-dir", str(tmp_path / "run")])
+    training = capsys.readouterr()
+    printed = cli.main(["train", *argv, "--print-config"])
+    printing = capsys.readouterr()
+    assert trained == printed == 1
+    assert message in training.err
+    assert printing.err == training.err
+    assert printing.out == ""
+    assert not (tmp_path / "run").exists()
 
 
 # ------------------------------------------------------------------- device

@@ -437,13 +437,17 @@ def _method(config: TrainConfig) -> Method:
 
 
 def check_method(config: TrainConfig) -> None:
-    """Raise unless ``config`` is dense or names a registered method.
+    """Raise unless ``config`` is dense or its pruning fields make a Pruner config.
+
+    The same checks :func:`build_pruner` makes (through :func:`pruner_config`),
+    before a model exists: a registered method, an N:M method given its
+    pattern, no field the method fixes set otherwise.
 
     Raises:
-        ValueError: naming the field and the choices.
+        ValueError: naming the field and the choices, or the contradiction.
     """
     if not config.dense:
-        _check_pattern(_method(config), config)
+        pruner_config(config)
 
 
 def _check_pattern(method: Method, config: TrainConfig) -> None:

@@ -1,7 +1,8 @@
 """The results pages: Markdown tables of mean ± std, the facts under every table, the files.
 
 A page is ``OUT/<experiment>.md`` (title, the experiment's body, then the
-command, library, machine and run facts) beside ``OUT/<experiment>.json``
+command, library, machine and run facts, the days the runs were made among
+them) beside ``OUT/<experiment>.json``
 (one row per run of the page: its key, i.e. its folder, and its name) and the
 experiment's PNG plots. Counts are written in their number (``1 run``,
 ``2 runs``: :func:`feather_sparse._text.count`).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import re
 import shlex
 import time
 from collections import Counter
@@ -271,7 +273,7 @@ class Context:
 
 
 def _footer(ctx: Context) -> str:
-    """Command, version, machine and run facts under every table."""
+    """Command, version, machine and run facts (their dates too) under every table."""
     ok = [o for _, o in ctx.pairs if o.ok]
     cfg = ok[0].config if ok else (ctx.pairs[0][1].config if ctx.pairs else {})
     unique = {o.key: o for _, o in ctx.pairs}
@@ -293,6 +295,7 @@ def _footer(ctx: Context) -> str:
         f"gradient clipping {cfg.get('grad_clip') or 'none'}; "
         f"{plural(len(seeds), 'seed')} {', '.join(map(str, seeds))}",
         _runs_line(ctx, len(unique), run_time),
+        _dates_line(list(unique.values())),
     ]
     lines.append(_numerics_line(ok))
     if failed:
@@ -338,6 +341,33 @@ def _runs_line(ctx: Context, runs: int, run_time: float) -> str:
         line + f"; summed run time {run_time / 60:.1f} min; this command's wall time "
         f"{ctx.elapsed / 60:.1f} min"
     )
+
+
+#: The date at the start of a recorded time (``RunOutcome.started``, ``.finished``).
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _dates_line(outcomes: Sequence[RunOutcome]) -> str:
+    """The days the page's runs were made, from what each run recorded (never today's
+    date: a page made again from the same runs is the same file).
+
+    Each run counts once; runs stored before their times were recorded are counted apart.
+    """
+    days = []
+    unknown = 0
+    for outcome in outcomes:
+        ends = [_DATE.match(t) for t in (outcome.started, outcome.finished)]
+        found = [m.group() for m in ends if m is not None]
+        days += found
+        unknown += not found
+    older = (
+        f"{count(unknown, 'run')} stored before feather-sparse recorded dates" if unknown else ""
+    )
+    if not days:
+        return "- run dates: " + (f"not recorded ({older})" if older else "no runs")
+    first, last = min(days), max(days)
+    span = first if first == last else f"{first} to {last}"
+    return f"- run dates (UTC): {span}" + (f"; {older}" if older else "")
 
 
 def _numerics_line(outcomes: Sequence[RunOutcome]) -> str:

@@ -21,6 +21,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from feather_sparse.train.run_dir import read_run_info
 
 __all__ = [
     "OUTCOME_FORMAT",
+    "TIME_FORMAT",
     "TRACEBACK_FILE",
     "ProgressFn",
     "RunOutcome",
@@ -65,6 +67,8 @@ logger = logging.getLogger(__name__)
 OUTCOME_FORMAT = "feather-sparse-bench-run/1"
 #: Where a failed run leaves its traceback (the console gets one line per run).
 TRACEBACK_FILE = "traceback.txt"
+#: How a run records when it started and finished: UTC, to the second (ISO 8601).
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,9 @@ class RunOutcome:
         numerics: the floating-point environment that trained it
             (:func:`feather_sparse.provenance.numerics`; empty for runs stored
             before it was recorded).
+        started: when the run started, in :data:`TIME_FORMAT`
+            (``2026-11-21T09:30:05Z``); empty for runs stored before it was recorded.
+        finished: when it finished (or failed), likewise.
     """
 
     key: str
@@ -140,8 +147,11 @@ class RunOutcome:
     version: str = __version__
     torch_version: str = torch.__version__
     numerics: str = ""
+    started: str = ""
+    finished: str = ""
 
     def to_json(self) -> dict[str, Any]:
+        """The outcome as JSON-safe data (:func:`jsonable`), tagged with its format."""
         out = {"format": OUTCOME_FORMAT}
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
@@ -150,6 +160,14 @@ class RunOutcome:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunOutcome:
+        """The outcome :meth:`to_json` wrote.
+
+        Args:
+            data: what :meth:`to_json` returned (after a JSON round trip).
+
+        Raises:
+            ValueError: if ``data`` is not a run result of this format.
+        """
         if data.get("format") != OUTCOME_FORMAT:
             raise ValueError("not a bench run result of this version")
         values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
@@ -171,11 +189,16 @@ class RunOutcome:
 
     @property
     def density_macs(self) -> float:
+        """Sparse over dense MACs per sample (NaN when the dense count is 0)."""
         return self.sparse_macs / self.dense_macs if self.dense_macs else math.nan
 
 
 def jsonable(value: Any) -> Any:
-    """JSON-safe: tuples to lists, non-finite floats to strings (strict JSON has none)."""
+    """JSON-safe: tuples to lists, non-finite floats to strings (strict JSON has none).
+
+    Args:
+        value: any JSON-like value.
+    """
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, (list, tuple)):
@@ -238,7 +261,11 @@ _LATER_FIELDS = ("conv_order",)
 
 
 def run_key(config: Mapping[str, Any]) -> str:
-    """The run's folder name: readable prefix plus a hash of its whole config."""
+    """The run's folder name: readable prefix plus a hash of its whole config.
+
+    Args:
+        config: the run's config.
+    """
     config = {k: v for k, v in config.items() if not (k in _LATER_FIELDS and v is None)}
     blob = json.dumps(jsonable(config), sort_keys=True).encode()
     digest = hashlib.sha1(blob).hexdigest()[:10]
@@ -252,8 +279,10 @@ _NAME_FIELDS = ("pattern", "operator", "p", "theta", "backbone")
 
 
 def run_name(config: Mapping[str, Any]) -> str:
-    """What the run is, for people: its method, the settings in which it departs
-    from the method's own choices, its sparsity and seed.
+    """What the run is, for people: its method, settings, sparsity and seed.
+
+    The settings named are those in which the run departs from the method's
+    own choices.
 
     ``feather operator=hard theta=1 s=0.99 seed 0`` is ``bench operator``'s hard
     row at 99 %; ``feather s=0.99 seed 0`` trains Feather as the method sets it
@@ -261,6 +290,9 @@ def run_name(config: Mapping[str, Any]) -> str:
     (``feather-s0.99-seed0-<hash>`` for all three operators): the folder name
     is the key that stored results are found under, so a longer prefix would
     leave every runs folder written before it untouched and train its runs again.
+
+    Args:
+        config: the run's config.
     """
     if config.get("dense"):
         return f"dense seed {config.get('seed')}"
@@ -281,6 +313,9 @@ def load_outcome(run_dir: Path) -> RunOutcome | None:
 
     A ``result.json`` whose checksum does not match counts as unreadable: the
     run is repeated. One written before checksums is read as it is.
+
+    Args:
+        run_dir: the run's folder.
     """
     file = run_dir / "result.json"
     if not file.is_file():
@@ -343,10 +378,16 @@ def _clear_unfinished(path: Path) -> None:
                 child.unlink()
 
 
+def _now() -> str:
+    """The time now as a run records it (:data:`TIME_FORMAT`)."""
+    return datetime.now(timezone.utc).strftime(TIME_FORMAT)
+
+
 def _execute_locked(config: dict[str, Any], path: Path) -> dict[str, Any]:
     """:func:`_execute` once the run is this process's."""
     key = path.name
     started = time.perf_counter()
+    started_at = _now()
     # Each run logs into its own RUN_DIR/train.log (train() attaches that
     # handler); keep the console for the sweep's one line per run.
     package_logger = logging.getLogger("feather_sparse")
@@ -380,6 +421,8 @@ def _execute_locked(config: dict[str, Any], path: Path) -> dict[str, Any]:
             stability_pearson=stability.pearson,
             stability_changed=stability.changed,
             numerics=str(info.get("numerics", "")),
+            started=started_at,
+            finished=_now(),
         )
     except Exception as err:  # one bad run must not stop a sweep; it is reported
         logger.debug("run %s failed", key, exc_info=True)
@@ -391,6 +434,8 @@ def _execute_locked(config: dict[str, Any], path: Path) -> dict[str, Any]:
             ok=False,
             error=f"{type(err).__name__}: {err}",
             wall_time=time.perf_counter() - started,
+            started=started_at,
+            finished=_now(),
         )
     finally:
         package_logger.propagate = propagate
@@ -425,13 +470,17 @@ _BUILT: set[str] = set()
 
 
 def check_data(configs: Sequence[Mapping[str, Any]]) -> None:
-    """Check each distinct device, data set and model of ``configs`` once, so that
-    a device that is not here, missing data or a model that does not take the
-    data stops a sweep with one error before any run starts (instead of failing
-    every run). Settings built before in this process are not built again.
+    """Check each distinct device, data set and model of ``configs`` once, before any run.
+
+    A device that is not here, missing data or a model that does not take the
+    data then stops a sweep with one error before any run starts (instead of
+    failing every run). Settings built before in this process are not built again.
 
     Each model is built and run forward on a batch of zeros of the data's
     input shape.
+
+    Args:
+        configs: the configs of the runs to train.
 
     Raises:
         FileNotFoundError: when the data is not on disk (the message says how to
@@ -544,6 +593,7 @@ class RunPlan:
 
     @property
     def distinct(self) -> int:
+        """The number of distinct runs: stored plus still to train."""
         return len(self.stored) + len(self.todo)
 
 
@@ -641,6 +691,14 @@ def execute_runs(
     when that is 1). Identical configs are trained once. Before the first run,
     each distinct data set and model is built once: missing data is one error,
     not a failure of every run.
+
+    Args:
+        opts: the bench options (runs folder, workers, ...).
+        specs: the runs to have results for.
+        on_progress: called as ``(done, total, spec, outcome)`` after each run trained.
+        attempted: outcomes of runs already trained by this command (read and added to).
+        on_stop: called as ``(runs trained, seconds, exception)`` when training stops
+            on an exception.
 
     Raises:
         ValueError: as :func:`plan_runs`, or when the data or model cannot be built.

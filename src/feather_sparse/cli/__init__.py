@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -58,8 +59,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The shell's code for a process ended by SIGPIPE (128 + 13), as ``yes | head`` gives.
+BROKEN_PIPE_EXIT_CODE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the process exit code."""
+    """Entry point of the console script; returns the process exit code.
+
+    Output piped into a reader that stops early (``feather-sparse inspect FILE |
+    head``) ends the command quietly with :data:`BROKEN_PIPE_EXIT_CODE`, as
+    other Unix tools end, instead of an error message.
+    """
+    try:
+        try:
+            return _main(argv)
+        finally:
+            # Write what is buffered now, so that a reader gone away shows up
+            # here and not as a traceback at the interpreter's exit.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return BROKEN_PIPE_EXIT_CODE
+
+
+def _stdout_to_devnull() -> None:
+    """Point the process's stdout at the null device (Python's "Note on SIGPIPE").
+
+    The interpreter flushes ``sys.stdout`` once more at exit; into the closed
+    pipe that would fail again and print a warning.
+    """
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced or closed (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.verbose += getattr(args, "command_verbose", 0)
@@ -71,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[str, argparse.Namespace], int] = COMMANDS[args.command][0].run
     try:
         return int(run(args.command, args))
+    except BrokenPipeError:
+        raise  # the reader of stdout went away: no error of the command (see main)
     except (ValueError, OSError, RuntimeError) as err:
         # Bad input, a damaged file (IntegrityError), a full disk or read-only folder
         # (DiskFullError, NotWritableError), a missing path: one line, not a

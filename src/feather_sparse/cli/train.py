@@ -30,6 +30,7 @@ from feather_sparse.recipes import (
 )
 from feather_sparse.train import (
     TrainingInterrupted,
+    check_config,
     distributed_context,
     init_distributed,
     resume_config,
@@ -90,7 +91,8 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     run_group.add_argument(
         "--print-config",
         action="store_true",
-        help="print the resolved config as a TOML recipe (--recipe reads it back) and exit",
+        help="print the resolved config as a TOML recipe (--recipe reads it back) and exit; "
+        "a config training would refuse is refused here with the same error",
     )
     fields = parser.add_argument_group(
         "recipe fields", "each overrides the recipe's value (see --print-config)"
@@ -298,6 +300,9 @@ def _run(command: str, args: argparse.Namespace) -> int:
         run_dir = args.run_dir
     _check_dense_flags(config.dense, overrides)
     if args.print_config:
+        # What training refuses before it starts, refused here too, by the same
+        # checks (the device's presence is the machine's, not the recipe's).
+        check_config(config, stop_after_epoch=args.stop_after_epoch)
         print(config_toml(config), end="")
         return 0
 

@@ -50,7 +50,7 @@ from feather_sparse.train.dist import (
     init_distributed,
     resolve_device,
 )
-from feather_sparse.train.loop import EpochCallback, evaluate, train
+from feather_sparse.train.loop import EpochCallback, check_config, evaluate, train
 from feather_sparse.train.optim import build_lr_scheduler, build_optimizer, lr_factor
 from feather_sparse.train.progress import BAR_REFRESHES_PER_EPOCH as BAR_REFRESHES_PER_EPOCH
 from feather_sparse.train.progress import LOG_INTERVAL_S as LOG_INTERVAL_S
@@ -70,6 +70,7 @@ __all__ = [
     "build_lr_scheduler",
     "build_optimizer",
     "build_pruner",
+    "check_config",
     "checkpoint_path",
     "default_run_dir",
     "distributed_context",

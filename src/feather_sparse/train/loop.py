@@ -389,6 +389,42 @@ def _train(
             writer.close()
 
 
+def check_config(config: TrainConfig, *, stop_after_epoch: int | None = None) -> None:
+    """Every check of the run's settings that :func:`train` makes before any work.
+
+    What a config alone decides, without data, a model or the machine: the
+    model and data set are registered, ``model_kwargs`` leaves ``num_classes``
+    to the data set, and the method accepts the pruning fields
+    (:func:`~feather_sparse.methods.check_method`). ``feather-sparse train
+    --print-config`` runs it too, so that it never prints a recipe that training
+    refuses here. Whether the device exists (``--device cuda``, ``amp``) is
+    checked by :func:`train` only: a recipe may be written on another machine
+    than the one it runs on; the option names in ``model_kwargs`` and
+    ``data_options`` are checked when the model and the data are built.
+
+    Args:
+        config: the run's settings.
+        stop_after_epoch: as for :func:`train`.
+
+    Raises:
+        ValueError: naming the field, and the choices or the fix.
+    """
+    try:
+        model_info(config.model)
+    except ValueError as err:
+        raise ValueError(f"model: {err}") from None
+    if config.model_kwargs.get("num_classes") is not None:
+        raise ValueError("model_kwargs: num_classes comes from the data set; do not set it")
+    if config.dataset not in DATASETS:
+        raise ValueError(
+            f"dataset: unknown dataset {config.dataset!r}; choose one of: "
+            f"{', '.join(DATASETS.names())}"
+        )
+    check_method(config)
+    if stop_after_epoch is not None and stop_after_epoch < 1:
+        raise ValueError(f"stop_after_epoch must be >= 1, got {stop_after_epoch}")
+
+
 def train(
     config: TrainConfig,
     run_dir: str | os.PathLike[str] | None = None,
@@ -439,20 +475,7 @@ def train(
     ctx = distributed_context()
 
     # --- check everything cheap before any work -------------------------------
-    try:
-        model_info(config.model)
-    except ValueError as err:
-        raise ValueError(f"model: {err}") from None
-    if config.model_kwargs.get("num_classes") is not None:
-        raise ValueError("model_kwargs: num_classes comes from the data set; do not set it")
-    if config.dataset not in DATASETS:
-        raise ValueError(
-            f"dataset: unknown dataset {config.dataset!r}; choose one of: "
-            f"{', '.join(DATASETS.names())}"
-        )
-    check_method(config)
-    if stop_after_epoch is not None and stop_after_epoch < 1:
-        raise ValueError(f"stop_after_epoch must be >= 1, got {stop_after_epoch}")
+    check_config(config, stop_after_epoch=stop_after_epoch)
     device = resolve_device(config.device)
     if ctx.world_size > 1 and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())  # this rank's GPU
