@@ -319,6 +319,7 @@ def test_layer_collapse_warns_once(caplog: pytest.LogCaptureFixture) -> None:
         ({"exclude": ["re:("]}, "invalid regular expression"),
         ({"include": [nn.LSTM]}, "no prunable layer found in SmallCNN"),
         ({"max_layer_sparsity": 1.0}, "max_layer_sparsity"),
+        ({"max_layer_sparsity": 0.5}, "caps every layer below the target sparsity 0.9"),
     ],
 )
 def test_bad_arguments_leave_the_model_untouched(kwargs: dict, match: str) -> None:

@@ -176,7 +176,8 @@ class PrunerConfig:
         max_layer_sparsity: layer-collapse guard, off (``None``) by default as in
             the paper: cap each layer's threshold so that at most this fraction of
             the layer is pruned. With the guard active the overall sparsity can
-            fall below the target (the capped layers keep more weights).
+            fall below the target (the capped layers keep more weights); a cap
+            below ``sparsity``, which no model could reach, is refused.
         check_finite: raise at ``step()`` if a weight holds NaN or inf.
         pattern: ``"N:M"`` (``"2:4"``, ``"4:8"``, …) for N:M sparsity with
             Feather's per-group thresholds (:mod:`feather_sparse.nm`), or
@@ -238,7 +239,14 @@ class PrunerConfig:
         if not isinstance(self.check_finite, bool):  # "no" would be truthy: checks left on
             raise ValueError(f"check_finite must be True or False, got {self.check_finite!r}")
         if self.max_layer_sparsity is not None:
-            put("max_layer_sparsity", check_sparsity(self.max_layer_sparsity, "max_layer_sparsity"))
+            cap = check_sparsity(self.max_layer_sparsity, "max_layer_sparsity")
+            if cap < self.sparsity:  # every layer at most cap: the model at most cap
+                raise ValueError(
+                    f"max_layer_sparsity={cap:g} caps every layer below the target sparsity "
+                    f"{self.sparsity:g}, so the model could reach {cap:g} at most: give a cap "
+                    f"above the target (e.g. max_layer_sparsity=0.99) or a lower sparsity"
+                )
+            put("max_layer_sparsity", cap)
         put("include", _layer_selection("include", self.include, types=True))
         put("exclude", _layer_selection("exclude", self.exclude, types=False))
         for pat in [*(i for i in self.include if isinstance(i, str)), *self.exclude]:
