@@ -98,10 +98,12 @@ class PruneTarget:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The weight's shape."""
         return tuple(self.weight.shape)
 
     @property
     def numel(self) -> int:
+        """The number of elements of the weight."""
         return self.weight.numel()
 
     def __repr__(self) -> str:
@@ -134,7 +136,11 @@ class Backbone:
     process_group: ProcessGroup | None = None
 
     def setup(self, targets: Sequence[PruneTarget]) -> None:
-        """Called once, before the first :meth:`thresholds`, with the prunable tensors."""
+        """Called once, before the first :meth:`thresholds`, with the prunable tensors.
+
+        Args:
+            targets: the Pruner's prunable tensors, in the order of its thresholds.
+        """
         self.targets = list(targets)
 
     def advance(self, step: int, total_steps: int, final_sparsity: float) -> None:
@@ -151,7 +157,16 @@ class Backbone:
         """
 
     def thresholds(self, weights: Sequence[Tensor], sparsity: float) -> list[Tensor]:
-        """One 0-d threshold per weight (same order) for the requested overall ``sparsity``."""
+        """One 0-d threshold per weight (same order) for the requested overall ``sparsity``.
+
+        Args:
+            weights: the stored weights of the targets (local shards when
+                ``process_group`` is set), in the order :meth:`setup` gave them.
+            sparsity: the fraction of all their weights to prune, in ``[0, 1]``.
+
+        Returns:
+            One 0-d threshold tensor per weight.
+        """
         raise NotImplementedError
 
     def forward_weight(
@@ -161,6 +176,13 @@ class Backbone:
 
         Default: ``operator(weight, threshold, theta)``. The Pruner calls this
         hook only when a backbone overrides it, so the plain path costs nothing.
+
+        Args:
+            index: the tensor's position among the targets.
+            weight: its stored (dense, trainable) weight.
+            threshold: its 0-d threshold from :meth:`thresholds`.
+            operator: the Pruner's thresholding operator.
+            theta: the gradient scale ``θ`` for the pruned weights.
         """
         return operator(weight, threshold, theta)
 
@@ -183,11 +205,26 @@ class Backbone:
         ``operator`` is the one the forward applies (the Pruner passes its own), for
         a backbone whose answer depends on it (N:M: on its ``p``); the default
         ignores it.
+
+        Args:
+            index: the tensor's position among the targets.
+            weight: its stored weight.
+            threshold: its 0-d threshold.
+            operator: the operator the forward applies, or None.
+
+        Returns:
+            A boolean tensor of ``weight``'s shape, True where the entry is zeroed.
         """
         return weight.abs() <= threshold
 
     def report_threshold(self, index: int, weight: Tensor, threshold: Tensor) -> float:
-        """The threshold shown for tensor ``index`` in the Pruner's report; default ``T``."""
+        """The threshold shown for tensor ``index`` in the Pruner's report; default ``T``.
+
+        Args:
+            index: the tensor's position among the targets.
+            weight: its stored weight.
+            threshold: its 0-d threshold.
+        """
         return float(threshold)
 
     def check_final(self, index: int, weight: Tensor) -> None:
@@ -195,6 +232,10 @@ class Backbone:
 
         Called by :meth:`~feather_sparse.pruner.Pruner.finalize` before anything
         is baked, so that an error leaves the Pruner attached.
+
+        Args:
+            index: the tensor's position among the targets.
+            weight: its stored weight.
         """
 
     def release(self) -> None:
@@ -213,7 +254,11 @@ class Backbone:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned.
+
+        Args:
+            state: a dict :meth:`state_dict` returned.
+        """
 
     def config(self) -> dict[str, Any]:
         """A JSON-able description; ``BACKBONES.get(config["name"])(**rest)`` rebuilds it."""
@@ -492,6 +537,9 @@ def flops_scale(shape: Sequence[int]) -> float:
     Under the usual fan-in initialisation ``|w|`` scales like ``s_l``, so
     ranking ``|w|/s_l`` removes the width effect that makes plain global
     pruning spare the early, narrow, FLOP-heavy layers.
+
+    Args:
+        shape: the weight's shape.
     """
     return 1.0 / math.sqrt(sum(shape))
 
@@ -658,7 +706,11 @@ class ASLPlusBackbone(Backbone):
         return _layer_kth(weights, counts, self._warm)
 
     def allocation(self, sparsity: float) -> list[int]:
-        """Pruned weights per layer at overall ``sparsity``: the correction (class docstring)."""
+        """Pruned weights per layer at overall ``sparsity``: the correction (class docstring).
+
+        Args:
+            sparsity: the overall fraction of weights to prune.
+        """
         implied = self.implied_sparsities()
         total = sum(self.sizes)
         target = round(sparsity * total)

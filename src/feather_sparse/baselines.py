@@ -72,6 +72,10 @@ def st3_rescale(w: Tensor, t: Tensor | float) -> Tensor:
     and ``s_c = 1.01 / (ρ_c + 0.01)``: a channel that keeps a fraction ``ρ_c``
     of its magnitude is scaled up by about ``1/ρ_c``, like dropout's rescaling.
     ``1.01`` is written ``1 + 0.01`` so that ``ρ_c = 1`` gives exactly 1.
+
+    Args:
+        w: the weight.
+        t: the threshold.
     """
     dtype = compute_dtype(w.dtype)
     a = w.detach().to(dtype).abs()
@@ -115,6 +119,9 @@ class ST3Operator(Operator):
     backward is the identity for all weights, so θ is ignored. With the
     global backbone the threshold is the global quantile recomputed every
     step (ST-3); with ``backbone="global-flops"`` it is ST-3σ.
+
+    Args:
+        name: the registry name this operator came from.
     """
 
     name: str = "st3"
@@ -311,6 +318,15 @@ def soft_topk_mask(
 
     Returns one mask per weight tensor, connected to the weights' autograd
     graph by the implicit-gradient backward.
+
+    Args:
+        weights: the weight tensors, on one device.
+        k: the budget of kept weights, ``0 < k < N``.
+        beta: the sharpness ``β > 0``.
+        tau: the shift where the iteration starts (see :func:`sinkhorn_topk`).
+        max_iters: Sinkhorn iterations at most.
+        tol: Sinkhorn's relative stopping tolerance.
+        budget_tol: relative tolerance of the budget ``Σ m = k``.
     """
     values = [w.detach().abs() for w in weights]
     result = sinkhorn_topk(values, k, beta, tau, max_iters, tol, budget_tol)
@@ -424,11 +440,20 @@ class SpartanBackbone(Backbone):
         return state
 
     def freeze_step(self, total_steps: int) -> int:
-        """The step at which the mask is updated one last time and frozen."""
+        """The step at which the mask is updated one last time and frozen.
+
+        Args:
+            total_steps: the length of training.
+        """
         return math.floor(self.freeze_at * total_steps)
 
     def beta_at(self, step: int, total_steps: int) -> float:
-        """``β`` at ``step``: linear from ``beta_init`` at 0 to ``beta_target`` at the freeze."""
+        """``β`` at ``step``: linear from ``beta_init`` at 0 to ``beta_target`` at the freeze.
+
+        Args:
+            step: the Pruner's step.
+            total_steps: the length of training.
+        """
         end = self.freeze_step(total_steps)
         ratio = 1.0 if step >= end else max(0.0, step / end)
         return self.beta_init + ratio * (self.beta_target - self.beta_init)
@@ -523,6 +548,9 @@ class SpartanBackbone(Backbone):
 
         Reads what :meth:`state_dict` writes and the states of earlier versions
         (no masks before the freeze, no threshold before the first update).
+
+        Args:
+            state: a dict :meth:`state_dict` returned.
         """
         self.beta = float(state["beta"])
         self.frozen = bool(state["frozen"])

@@ -90,6 +90,9 @@ class NotWritableError(OSError):
 def seal_zip(data: bytes) -> bytes:
     """``data`` (a zip archive without a comment) with its SHA-256 in the archive comment.
 
+    Args:
+        data: the bytes of the zip archive.
+
     Raises:
         ValueError: when ``data`` does not end in an empty-comment zip record.
     """
@@ -144,6 +147,11 @@ def write_sealed_json(
     """Write ``payload`` as readable JSON with its SHA-256 in a ``"sha256"`` field, atomically.
 
     Values JSON cannot hold become strings (``str``), as they read back.
+
+    Args:
+        path: the file to write.
+        payload: the JSON object to write.
+        indent: the JSON indentation.
 
     Raises:
         ValueError: when ``payload`` already has a ``"sha256"`` field.
@@ -256,6 +264,9 @@ def remove_stale_temps(path: Path) -> None:
 
     A temporary file whose writer is still running (another process writing
     the same file) is kept.
+
+    Args:
+        path: the file whose writers' temporary files to remove.
     """
     prefix = f".{path.name}."
     for stale in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):

@@ -58,6 +58,9 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     float16/bfloat16 have 11/8 significant bits; ``1 − (T/|w|)^p`` loses most of
     them near the threshold, so the elementwise work is done in float32 and the
     result rounded once. Any half value is exactly representable in float32.
+
+    Args:
+        dtype: the dtype of the weight.
     """
     return torch.promote_types(dtype, torch.float32)
 
@@ -171,7 +174,13 @@ class OutputCache:
         self._out: Tensor | None = None
 
     def get(self, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-        """A 1-d tensor of ``n`` elements that nothing outside the cache references."""
+        """A 1-d tensor of ``n`` elements that nothing outside the cache references.
+
+        Args:
+            n: the number of elements.
+            dtype: its dtype.
+            device: its device.
+        """
         out = self._out
         if (
             out is None
@@ -466,6 +475,13 @@ def apply_threshold(
 
     ``t`` is a 0-d tensor ``>= 0``, ``p`` in ``[1, inf]``, ``theta`` in ``[0, 1]``
     (see :mod:`feather_sparse.rules`); nothing here verifies it.
+
+    Args:
+        w: the weight.
+        t: the 0-d threshold.
+        p: the operator's exponent.
+        theta: the gradient scale for the pruned entries.
+        cache: where to keep the output buffer between calls (training only), or None.
     """
     if cache is not None and not (
         torch.is_grad_enabled() and w.requires_grad and not torch.compiler.is_compiling()

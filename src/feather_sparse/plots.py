@@ -197,7 +197,16 @@ def plot_panels(
 def plot_stability(
     runs: Sequence[MaskStability], path: str | os.PathLike[str], *, title: str | None = None
 ) -> Path:
-    """Pearson r of each epoch's mask with the final mask, one line per run (paper appendix)."""
+    """Pearson r of each epoch's mask with the final mask, one line per run (paper appendix).
+
+    Args:
+        runs: the mask-stability curves, one per run.
+        path: the PNG to write.
+        title: figure title.
+
+    Returns:
+        The path written.
+    """
     fig, ax = _figure()
     for run in runs:
         ax.plot(run.epochs, run.pearson, marker=".", label=run.label)
@@ -217,7 +226,19 @@ def plot_layer_sparsity(
     *,
     title: str | None = None,
 ) -> Path:
-    """Grouped bars: each layer's sparsity under each labelled model (same layers)."""
+    """Grouped bars: each layer's sparsity under each labelled model (same layers).
+
+    Args:
+        distributions: the layer sparsities of each model, by label (same layers in each).
+        path: the PNG to write.
+        title: figure title.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: for no distribution, or distributions over different layers.
+    """
     items = list(distributions.items())
     if not items:
         raise ValueError("nothing to plot: no sparsity distribution given")
@@ -247,7 +268,19 @@ def plot_flops(
     *,
     title: str | None = None,
 ) -> Path:
-    """Grouped bars of each layer's sparse MFLOPs (MACs) under each labelled model."""
+    """Grouped bars of each layer's sparse MFLOPs (MACs) under each labelled model.
+
+    Args:
+        reports: the FLOPs report of each model, by label.
+        path: the PNG to write.
+        title: figure title.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: for no report.
+    """
     items = list(reports.items())
     if not items:
         raise ValueError("nothing to plot: no FLOPs report given")
@@ -284,6 +317,16 @@ def plot_operator_family(
 
     ``p = 1`` is soft thresholding, ``p = inf`` hard; the identity is drawn
     for reference.
+
+    Args:
+        ps: the powers ``p`` to draw.
+        path: the PNG to write.
+        threshold: the threshold ``T``.
+        span: the ``w`` axis runs over ``[-span, span]``.
+        title: figure title.
+
+    Returns:
+        The path written.
     """
     import torch
 

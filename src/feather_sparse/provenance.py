@@ -42,8 +42,12 @@ def numerics(device: torch.device | str = "cpu") -> str:
     Two runs whose lines differ may differ in every bit; two runs whose lines
     agree (with the same code, config and seed) agree to the bit.
 
-    >>> numerics("cpu")  # doctest: +SKIP
-    'torch 2.13.0+cpu, CPU Intel(R) Xeon(R) Processor, AVX512 kernels'
+    Args:
+        device: the device the work runs on.
+
+    Example:
+        >>> numerics("cpu")  # doctest: +SKIP
+        'torch 2.13.0+cpu, CPU Intel(R) Xeon(R) Processor, AVX512 kernels'
     """
     device = torch.device(device)
     if device.type == "cuda":

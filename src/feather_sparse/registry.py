@@ -47,6 +47,14 @@ class Registry(Generic[T]):
     def register(self, name: str, obj: T | None = None) -> T | Callable[[T], T]:
         """Register ``obj`` under ``name``; without ``obj``, return a decorator.
 
+        Args:
+            name: the name to look it up by (case-insensitive; ``-`` and ``_`` alike).
+            obj: the object to register; None to get a decorator that registers
+                what it decorates.
+
+        Returns:
+            ``obj``, or the decorator.
+
         Raises:
             ValueError: if ``name`` is already registered.
         """
@@ -63,6 +71,9 @@ class Registry(Generic[T]):
 
     def get(self, name_or_obj: str | Any) -> T | Any:
         """Look a string up; pass any other object through unchanged.
+
+        Args:
+            name_or_obj: a registered name, or an object to return as it is.
 
         Raises:
             ValueError: for an unknown name, listing the registered names.

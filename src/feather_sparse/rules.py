@@ -41,6 +41,10 @@ def _number(name: str, value: Any, expected: str) -> float:
 def check_sparsity(value: Any, name: str = "sparsity") -> float:
     """``value`` as a float if it is a valid target sparsity ``S ∈ [0, 1)``.
 
+    Args:
+        value: the sparsity given.
+        name: the name to give it in the error message.
+
     Raises:
         ValueError: naming ``name``, the range and an example.
     """
@@ -52,6 +56,9 @@ def check_sparsity(value: Any, name: str = "sparsity") -> float:
 
 def check_p(value: Any) -> float:
     """``value`` as a float if it is a valid operator power ``p ∈ [1, ∞]``.
+
+    Args:
+        value: the ``p`` given.
 
     Raises:
         ValueError: for ``p < 1``, NaN or a non-number, naming the fix.
@@ -89,6 +96,9 @@ def check_theta(value: Any, allow_auto: bool = False) -> Any:
 
 def check_threshold(value: float) -> float:
     """``value`` if it is a valid threshold ``T``: a finite magnitude ``>= 0``.
+
+    Args:
+        value: the threshold given.
 
     Raises:
         ValueError: for a negative, NaN or infinite ``T``, saying what it would do.

@@ -62,12 +62,20 @@ SEALED_SINCE_VERSION = 2
 
 
 def checkpoint_path(run_dir: str | os.PathLike[str]) -> Path:
-    """``RUN_DIR/checkpoints/last.pt``."""
+    """``RUN_DIR/checkpoints/last.pt``.
+
+    Args:
+        run_dir: the training run's folder.
+    """
     return Path(run_dir) / CHECKPOINTS_DIR / LAST_NAME
 
 
 def previous_checkpoint_path(path: str | os.PathLike[str]) -> Path:
-    """Where the checkpoint before ``path`` is kept: ``prev.pt`` beside ``last.pt``."""
+    """Where the checkpoint before ``path`` is kept: ``prev.pt`` beside ``last.pt``.
+
+    Args:
+        path: the last checkpoint's path, or the run folder.
+    """
     path = Path(path)
     if path.is_dir():
         path = checkpoint_path(path)
@@ -113,6 +121,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     that a damaged one without a checksum is refused here, where
     :func:`read_latest_checkpoint` falls back to ``prev.pt``, rather than
     failing halfway through a resume.
+
+    Args:
+        path: the checkpoint file, or the run folder holding ``checkpoints/last.pt``.
 
     Raises:
         FileNotFoundError: when there is no checkpoint.
@@ -282,6 +293,9 @@ def read_latest_checkpoint(run_dir: str | os.PathLike[str]) -> LatestCheckpoint:
 
     The caller words the warning (resuming and exporting say different things);
     ``problem`` says only what is wrong with ``last.pt``, not what to do.
+
+    Args:
+        run_dir: the training run's folder.
 
     Raises:
         FileNotFoundError: when the folder holds no checkpoint.

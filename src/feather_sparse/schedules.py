@@ -63,7 +63,11 @@ class Schedule:
             )
 
     def ramp(self, progress: float) -> float:
-        """The fraction of the final sparsity reached at ``progress`` in [0, 1)."""
+        """The fraction of the final sparsity reached at ``progress`` in [0, 1).
+
+        Args:
+            progress: how far through the ramp training is, ``(step - t1) / (t2 - t1)``.
+        """
         raise NotImplementedError
 
     def __call__(self, step: int, total_steps: int, sparsity: float) -> float:
@@ -84,7 +88,15 @@ class Schedule:
 
 @dataclass(frozen=True)
 class CubicSchedule(Schedule):
-    """Zhu & Gupta's cubic ramp, the paper's default (``start=0``, ``end=0.5``)."""
+    """Zhu & Gupta's cubic ramp, the paper's default (``start=0``, ``end=0.5``).
+
+    Args:
+        start: fraction of ``total_steps`` at which the ramp begins (sparsity 0 before).
+        end: fraction of ``total_steps`` at which the final sparsity is reached.
+
+    Raises:
+        ValueError: unless ``0 <= start <= end <= 1``.
+    """
 
     name = "cubic"
 
@@ -94,7 +106,15 @@ class CubicSchedule(Schedule):
 
 @dataclass(frozen=True)
 class LinearSchedule(Schedule):
-    """A straight ramp from 0 at ``start`` to the target at ``end``."""
+    """A straight ramp from 0 at ``start`` to the target at ``end``.
+
+    Args:
+        start: fraction of ``total_steps`` at which the ramp begins (sparsity 0 before).
+        end: fraction of ``total_steps`` at which the final sparsity is reached.
+
+    Raises:
+        ValueError: unless ``0 <= start <= end <= 1``.
+    """
 
     name = "linear"
 
@@ -104,7 +124,15 @@ class LinearSchedule(Schedule):
 
 @dataclass(frozen=True)
 class ConstantSchedule(Schedule):
-    """The final sparsity from ``start`` on (one-shot pruning at the start by default)."""
+    """The final sparsity from ``start`` on (one-shot pruning at the start by default).
+
+    Args:
+        start: fraction of ``total_steps`` from which the final sparsity applies.
+        end: ignored: a constant schedule has no ramp, so ``end`` is set to ``start``.
+
+    Raises:
+        ValueError: unless ``0 <= start <= 1``.
+    """
 
     end: float = 0.0
     name = "constant"

@@ -189,7 +189,13 @@ def scaled_magnitudes(w: Tensor, scale: float = 1.0, dtype: torch.dtype | None =
 def count_at_most(
     tensors: Sequence[Tensor], value: Tensor | float, *, scales: Sequence[float] | None = None
 ) -> int:
-    """How many elements over all tensors have ``|w|·scale <= value`` (a reference helper)."""
+    """How many elements over all tensors have ``|w|·scale <= value`` (a reference helper).
+
+    Args:
+        tensors: the tensors.
+        value: the bound.
+        scales: one positive factor per tensor (None: all 1).
+    """
     dtype = _work_dtype(tensors)
     total = 0
     for chunk in _chunks(tensors, dtype, scales):

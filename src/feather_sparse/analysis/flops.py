@@ -90,6 +90,11 @@ class FlopsReport:
 
     FLOPs are reported as MACs (see the module docstring); ``torch_flops`` is
     the ``2 × MACs`` count of ``torch.utils.flop_counter``.
+
+    Attributes:
+        input_shape: the shape of one sample, without the batch dimension.
+        layers: one :class:`LayerFlops` per counted layer, in the model's module
+            order (layers the forward did not call are left out).
     """
 
     input_shape: tuple[int, ...]
@@ -263,6 +268,13 @@ def reference_flops(
     The independent check of :func:`count_flops` on a dense model: for a model
     of convolutions and linear layers it equals ``count_flops(...).torch_flops``
     (= 2 × MACs; the counter ignores weight sparsity and bias additions).
+
+    Args:
+        model: the model to run (in eval mode, without gradients; its mode is restored).
+        input_shape: one sample's shape without the batch dimension; a batch of one
+            zero input is run.
+        example: instead of ``input_shape``, a batch of real inputs (the count is
+            divided by its batch size).
     """
     from torch.utils.flop_counter import FlopCounterMode
 

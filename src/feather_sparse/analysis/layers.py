@@ -24,7 +24,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class LayerSparsity:
-    """One layer's share of the sparsity."""
+    """One layer's share of the sparsity.
+
+    Attributes:
+        name: the layer's qualified name in the model.
+        shape: the weight's shape.
+        params: the number of weights.
+        nonzeros: the number of non-zero weights.
+    """
 
     name: str
     shape: tuple[int, ...]
@@ -39,16 +46,22 @@ class LayerSparsity:
 
 @dataclass(frozen=True)
 class SparsityDistribution:
-    """How the zeros are spread over the layers."""
+    """How the zeros are spread over the layers.
+
+    Attributes:
+        layers: one :class:`LayerSparsity` per pruned layer.
+    """
 
     layers: tuple[LayerSparsity, ...]
 
     @property
     def params(self) -> int:
+        """Total number of weights over the layers."""
         return sum(r.params for r in self.layers)
 
     @property
     def nonzeros(self) -> int:
+        """Total number of non-zero weights over the layers."""
         return sum(r.nonzeros for r in self.layers)
 
     @property

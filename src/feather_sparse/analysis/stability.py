@@ -50,7 +50,11 @@ class PackedMask:
 
     @classmethod
     def from_tensor(cls, mask: Tensor | np.ndarray) -> PackedMask:
-        """Pack a boolean (or 0/1) tensor/array of any shape, flattened."""
+        """Pack a boolean (or 0/1) tensor/array of any shape, flattened.
+
+        Args:
+            mask: the mask; non-zero entries count as set.
+        """
         if isinstance(mask, Tensor):
             arr = mask.detach().reshape(-1).to("cpu", torch.bool).numpy()
         else:
@@ -160,6 +164,11 @@ def current_masks(model: nn.Module, pruner: Any = None) -> list[tuple[str, Packe
     Works for any method that changes the weight the forward uses (the
     Feather Pruner's ``P_T(w)`` is zero exactly where ``|w| <= T``), and for
     a finalized or dense model.
+
+    Args:
+        model: the model, with a Pruner attached or finalized, or dense.
+        pruner: optional; when given (and it has ``targets``), only its layers are
+            listed. Without it, every convolution and linear layer is.
     """
     return [(name, PackedMask.from_tensor(w != 0)) for name, w in _effective_weights(model, pruner)]
 
@@ -190,7 +199,11 @@ class MaskStability:
     layer_pearson: tuple[tuple[float, ...], ...]
 
     def first_epoch_above(self, level: float = 0.99) -> int | None:
-        """The first epoch from which r stays >= ``level`` to the end (None if never)."""
+        """The first epoch from which r stays >= ``level`` to the end (None if never).
+
+        Args:
+            level: the Pearson r to reach and keep.
+        """
         found: int | None = None
         for epoch, r in zip(self.epochs, self.pearson):
             if math.isnan(r) or r < level:
@@ -234,7 +247,14 @@ class MaskStabilityRecorder:
         self.record(epoch, model, pruner)
 
     def record(self, epoch: int, model: nn.Module, pruner: Any = None) -> None:
-        """Store the current masks of ``model`` as those of ``epoch``."""
+        """Store the current masks of ``model`` as those of ``epoch``.
+
+        Args:
+            epoch: the epoch the masks belong to (1-based).
+            model: the model being trained.
+            pruner: optional; when given, only its layers are recorded (see
+                :func:`current_masks`).
+        """
         named = current_masks(model, pruner)
         names = tuple(n for n, _ in named)
         if self.layers and names != self.layers:

@@ -14,7 +14,11 @@ __all__ = [
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value); NaN for none."""
+    """Mean and sample standard deviation (0 for a single value); NaN for none.
+
+    Args:
+        values: the numbers.
+    """
     vals = [float(v) for v in values]
     if not vals:
         return math.nan, math.nan

@@ -36,7 +36,14 @@ Pairs = Sequence[tuple[str, str]] | Callable[[Cells], Sequence[tuple[str, str]]]
 
 @dataclass(frozen=True)
 class Comparison:
-    """One cell of a claim: ``better`` minus ``worse`` at one sparsity, paired over seeds."""
+    """One cell of a claim: ``better`` minus ``worse`` at one sparsity, paired over seeds.
+
+    Attributes:
+        better: the method the claim says is better.
+        worse: the method it is compared with.
+        x: the sparsity of the cell.
+        diff: the paired difference ``better − worse`` over seeds.
+    """
 
     better: str
     worse: str
@@ -245,7 +252,13 @@ def _cell_text(c: Comparison, unit: str) -> str:
 
 
 def claims_page(results: Sequence[ClaimResult], out: Path, command: str) -> str:
-    """The Markdown page of :func:`assess_claims`."""
+    """The Markdown page of :func:`assess_claims`.
+
+    Args:
+        results: the assessed claims.
+        out: the results folder (named on the page).
+        command: the command that rebuilds the page (shown on it).
+    """
     level = f"{100 * CONFIDENCE:g} %"
     lines = [
         "# Where the paper's claims stand",
@@ -282,6 +295,11 @@ def claims_page(results: Sequence[ClaimResult], out: Path, command: str) -> str:
 
 def write_claims(out: Path, runs_dir: Path | None = None, command: str | None = None) -> Path:
     """Assess the claims on ``out`` and write ``out/claims.md``; returns the page.
+
+    Args:
+        out: the results folder of ``feather-sparse bench``.
+        runs_dir: the runs folder, if not the default under ``out``.
+        command: the command shown on the page; default the ``bench claims`` one.
 
     Raises:
         FileNotFoundError: if ``out`` is not a folder.

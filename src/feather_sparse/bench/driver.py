@@ -16,7 +16,12 @@ __all__ = ["ExperimentResult", "plan_experiments", "run_experiment", "train_expe
 
 
 def plan_experiments(names: Sequence[str | Experiment], opts: BenchOptions) -> list[RunSpec]:
-    """Every run of these experiments, each planned with its own options (``for_experiment``)."""
+    """Every run of these experiments, each planned with its own options (``for_experiment``).
+
+    Args:
+        names: the experiments, by name or as objects.
+        opts: the bench options.
+    """
     specs = []
     for name in names:
         experiment: Experiment = EXPERIMENTS.get(name)
@@ -38,6 +43,12 @@ def train_experiments(
     pages are then written from the stored results by :func:`run_experiment`.
     Pass the same ``attempted`` dict to those calls: a run that failed in the
     pool is then reported by them, not trained again (see :func:`execute_runs`).
+
+    Args:
+        names: the experiments, by name or as objects.
+        opts: the bench options.
+        on_progress: called after each run trained (see :func:`execute_runs`).
+        attempted: outcomes of runs already trained by this command (read and added to).
     """
     specs = plan_experiments(names, opts)
     experiments = [EXPERIMENTS.get(n).name for n in names]

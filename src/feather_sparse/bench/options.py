@@ -133,7 +133,11 @@ class BenchOptions:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 
     def for_experiment(self, name: str) -> BenchOptions:
-        """These options as experiment ``name`` runs them (with its ``per_experiment`` fields)."""
+        """These options as experiment ``name`` runs them (with its ``per_experiment`` fields).
+
+        Args:
+            name: the experiment's name.
+        """
         changes = self.per_experiment.get(name)
         return replace(self, **changes) if changes else self
 
@@ -143,13 +147,18 @@ class BenchOptions:
         return self.seeds[:1] if self.quick else self.seeds
 
     def sparsity_grid(self, default: Sequence[float]) -> tuple[float, ...]:
-        """The sparsity columns: the given ones, else ``QUICK_SPARSITIES`` or ``default``."""
+        """The sparsity columns: the given ones, else ``QUICK_SPARSITIES`` or ``default``.
+
+        Args:
+            default: the experiment's own sparsities.
+        """
         if self.sparsities:
             return tuple(self.sparsities)
         return QUICK_SPARSITIES if self.quick else tuple(default)
 
     @property
     def runs_path(self) -> Path:
+        """The runs folder: ``runs_dir``, else ``out/runs``."""
         return self.runs_dir if self.runs_dir is not None else self.out / "runs"
 
     def base_config(self) -> TrainConfig:
@@ -167,9 +176,12 @@ class BenchOptions:
         return values
 
     def worker_count(self) -> int:
-        """Parallel processes: ``jobs`` if given; else one per run on a GPU, one
-        when runs use all cores (``threads`` unset), and otherwise the usable
-        cores divided by each run's threads."""
+        """Parallel processes to train the runs in.
+
+        ``jobs`` if given; else one on a GPU, one when runs use all cores
+        (``threads`` unset), and otherwise the usable cores divided by each
+        run's threads.
+        """
         if self.jobs:
             return self.jobs
         base = self.base_config()

@@ -78,7 +78,15 @@ def _regularized_beta(x: float, a: float, b: float) -> float:
 
 
 def student_t_cdf(t: float, df: float) -> float:
-    """``P(T <= t)`` for Student's t with ``df`` degrees of freedom."""
+    """``P(T <= t)`` for Student's t with ``df`` degrees of freedom.
+
+    Args:
+        t: the value.
+        df: the degrees of freedom, ``> 0``.
+
+    Raises:
+        ValueError: if ``df <= 0``.
+    """
     if df <= 0:
         raise ValueError(f"df must be > 0, got {df}")
     tail = 0.5 * _regularized_beta(df / (df + t * t), df / 2.0, 0.5)  # P(T > |t|)

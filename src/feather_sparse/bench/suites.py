@@ -44,6 +44,9 @@ class Suite:
 
         An explicit ``sparsities`` applies to every experiment, so it also
         replaces the suite's per-experiment sparsities.
+
+        Args:
+            explicit: the fields the user set, by name.
         """
         values: dict[str, Any] = {**self.fields, "suite": self.name}
         per_experiment = {k: dict(v) for k, v in self.per_experiment.items()}

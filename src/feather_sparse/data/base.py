@@ -134,6 +134,16 @@ def tensor_bundle(
 
     The tensors are moved to ``config.device`` once, here, so batches are
     gathered and augmented there.
+
+    Args:
+        name: the data set's name.
+        config: how to load it (device, batch size, seed, ...).
+        train: the training ``(x, y)`` tensors.
+        test: the test ``(x, y)`` tensors.
+        num_classes: the number of classes.
+        input_shape: one sample's shape.
+        train_transform: applied to each training batch (augmentation), or None.
+        test_transform: applied to each test batch, or None.
     """
     device = config.device
     x, y = (t.to(device) for t in train)

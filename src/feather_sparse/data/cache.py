@@ -36,6 +36,10 @@ def save_npz_atomic(path: Path, **arrays: np.ndarray) -> None:
     ``numpy.load`` still reads it) and is written under a temporary name in the
     same folder, then renamed into place, so two processes that generate the
     same cache at once both leave a whole file.
+
+    Args:
+        path: the file to write.
+        **arrays: the arrays, by name.
     """
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]
@@ -46,6 +50,9 @@ def load_npz_checked(path: Path) -> dict[str, np.ndarray]:
     """The arrays of a cache file written by :func:`save_npz_atomic`, checksum verified.
 
     A file from before checksums (no seal) is read as it is.
+
+    Args:
+        path: the cache file.
 
     Raises:
         FileNotFoundError: when there is no file.

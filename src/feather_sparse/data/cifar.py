@@ -57,7 +57,20 @@ _ROW = 3 * 32 * 32
 
 @dataclass(frozen=True)
 class CifarSpec:
-    """Where one CIFAR variant keeps what, in its python-format archive."""
+    """Where one CIFAR variant keeps what, in its python-format archive.
+
+    Attributes:
+        name: the data set's name (``cifar10``, ``cifar100``).
+        archive: the file name of its python-format archive.
+        folder: the folder the archive unpacks to.
+        train_files: the training batch files in that folder.
+        test_files: the test batch files.
+        label_key: the key of the labels in each batch's pickled dict.
+        num_classes: the number of classes.
+        mean: the per-channel mean the inputs are normalised with.
+        std: the per-channel standard deviation.
+        url: where to download the archive (named in error messages; never fetched).
+    """
 
     name: str
     archive: str

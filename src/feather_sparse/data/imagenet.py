@@ -100,7 +100,13 @@ class RandomResizedCropFlip:
         self.ratio = ratio
 
     def box(self, width: int, height: int, generator: torch.Generator) -> tuple[int, int, int, int]:
-        """``(left, top, w, h)`` of the crop in a ``width`` x ``height`` image."""
+        """``(left, top, w, h)`` of the crop in a ``width`` x ``height`` image.
+
+        Args:
+            width: the image's width in pixels.
+            height: its height in pixels.
+            generator: the random generator to draw from.
+        """
         area = width * height
         log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
         for _ in range(10):
@@ -168,7 +174,11 @@ class CenterCropEval:
 
 
 def find_classes(folder: Path) -> list[str]:
-    """The sorted class-folder names directly under ``folder``."""
+    """The sorted class-folder names directly under ``folder``.
+
+    Args:
+        folder: the split's folder (one subfolder per class).
+    """
     return sorted(entry.name for entry in os.scandir(folder) if entry.is_dir())
 
 
@@ -297,7 +307,11 @@ class ImageFolderLoader:
         return self.sampler.num_samples
 
     def set_epoch(self, epoch: int) -> None:
-        """Use epoch ``epoch``'s permutation and augmentation from now on."""
+        """Use epoch ``epoch``'s permutation and augmentation from now on.
+
+        Args:
+            epoch: the epoch whose permutation and augmentation to use.
+        """
         self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:

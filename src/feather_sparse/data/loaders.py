@@ -70,7 +70,12 @@ class Loader(Protocol):
 
     def __len__(self) -> int: ...
 
-    def set_epoch(self, epoch: int) -> None: ...
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s shuffle and augmentation from now on.
+
+        Args:
+            epoch: the epoch whose shuffle and augmentation to use.
+        """
 
 
 # A batch transform gets the raw batch (on the device) and the epoch's
@@ -90,6 +95,9 @@ def _splitmix64(x: int) -> int:
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed that is a pure function of ``parts`` (seed, epoch, stream, ...).
 
+    Args:
+        *parts: integers the seed depends on, in order.
+
     Example:
         >>> derive_seed(0, 3, SHUFFLE_STREAM) == derive_seed(0, 3, SHUFFLE_STREAM)
         True
@@ -101,12 +109,24 @@ def derive_seed(*parts: int) -> int:
 
 
 def epoch_generator(*parts: int) -> torch.Generator:
-    """A fresh CPU generator seeded with ``derive_seed(*parts)``."""
+    """A fresh CPU generator seeded with ``derive_seed(*parts)``.
+
+    Args:
+        *parts: integers the seed depends on, in order (see :func:`derive_seed`).
+    """
     return torch.Generator().manual_seed(derive_seed(*parts))
 
 
 def num_batches(n: int, batch_size: int, *, drop_last: bool, rank: int, world_size: int) -> int:
-    """Batches per epoch on ``rank`` for ``n`` samples (see the module docstring)."""
+    """Batches per epoch on ``rank`` for ``n`` samples (see the module docstring).
+
+    Args:
+        n: the number of samples.
+        batch_size: samples per batch.
+        drop_last: whether an incomplete last batch is dropped.
+        rank: this process's rank.
+        world_size: the number of processes the samples are split over.
+    """
     if drop_last:
         return n // (batch_size * world_size)
     shard = len(range(rank, n, world_size))
@@ -200,7 +220,11 @@ class EpochShard:
         return self.indices().numel()
 
     def set_epoch(self, epoch: int) -> None:
-        """Use epoch ``epoch``'s permutation and augmentation from now on."""
+        """Use epoch ``epoch``'s permutation and augmentation from now on.
+
+        Args:
+            epoch: the epoch whose permutation and augmentation to use.
+        """
         self.epoch = epoch
 
     def indices(self) -> Tensor:

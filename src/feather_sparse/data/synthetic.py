@@ -52,6 +52,14 @@ def make_synthetic(
 ) -> DataBundle:
     """Build a synthetic ``DataBundle`` (see the module docstring).
 
+    Args:
+        name: the data set's name.
+        config: how to load it (device, batch size, seed, ...).
+        input_shape: one sample's shape.
+        num_classes: the number of classes, at least 2.
+        train_size: the number of training samples.
+        test_size: the number of test samples.
+
     Raises:
         ValueError: for non-positive sizes or fewer than two classes.
     """
@@ -78,7 +86,14 @@ def make_synthetic(
 
 @dataclass(frozen=True)
 class SyntheticPreset:
-    """Default sizes of one synthetic data set."""
+    """Default sizes of one synthetic data set.
+
+    Attributes:
+        input_shape: one sample's shape.
+        num_classes: the number of classes.
+        train_size: the number of training samples.
+        test_size: the number of test samples.
+    """
 
     input_shape: tuple[int, ...]
     num_classes: int

@@ -285,6 +285,9 @@ _ZIP_MAGIC = b"PK\x03\x04"
 def sniff(path: str | os.PathLike[str]) -> str | None:
     """What kind of file ``path`` is, by its first bytes.
 
+    Args:
+        path: the file.
+
     Returns:
         ``"safetensors"`` (a ``.fsp``), ``"zip"`` (a ``torch.save`` file) or ``None``.
     """
@@ -328,6 +331,9 @@ def is_onnx(path: str | os.PathLike[str]) -> bool:
     wire type ONNX gives it, and the IR version, the graph and an opset must
     be among them. A text file, a ``.fsp``, a truncated ONNX file or raw
     weights fail the walk.
+
+    Args:
+        path: the file.
     """
     size = os.path.getsize(path)
     seen: set[int] = set()

@@ -620,6 +620,9 @@ def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo
 def inspect_sparse(path: str | os.PathLike[str]) -> SparseFileInfo:
     """Describe a sparse checkpoint from its header (no tensor is decoded).
 
+    Args:
+        path: the ``.fsp`` file.
+
     Raises:
         FileNotFoundError: if the file does not exist.
         IsADirectoryError: if ``path`` is a folder.
@@ -703,6 +706,9 @@ def load_sparse_state_dict(
     path: str | os.PathLike[str],
 ) -> tuple[dict[str, Tensor], SparseFileInfo]:
     """Read a sparse checkpoint into a dense ``state_dict`` (CPU tensors).
+
+    Args:
+        path: the ``.fsp`` file.
 
     Returns:
         The ``state_dict`` (entries in their saved order and dtypes) and the

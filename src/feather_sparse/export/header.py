@@ -154,6 +154,7 @@ class TensorRecord:
         return self.pattern_entropy_bytes + self.raw_value_bytes
 
     def to_json(self) -> dict[str, Any]:
+        """The record as it is stored in the file's JSON header."""
         out: dict[str, Any] = {
             "name": self.name,
             "shape": list(self.shape),
@@ -174,6 +175,14 @@ class TensorRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TensorRecord:
+        """The record :meth:`to_json` wrote, checked.
+
+        Args:
+            data: one tensor's entry of the file's JSON header.
+
+        Raises:
+            ValueError: for a missing or malformed field or encoding (a corrupted header).
+        """
         name = data.get("name", "?") if isinstance(data, Mapping) else "?"
         try:
             pattern, values = data.get("pattern"), data.get("values")
@@ -275,7 +284,11 @@ def _header_bytes(
 
 
 def file_version(records: Sequence[TensorRecord]) -> int:
-    """The lowest format version that holds ``records`` (2 with an N:M record, else 1)."""
+    """The lowest format version that holds ``records`` (2 with an N:M record, else 1).
+
+    Args:
+        records: the records of the file's tensors.
+    """
     if any(r.nm_pattern is not None for r in records):
         return FORMAT_VERSION
     return BASE_FORMAT_VERSION
@@ -330,7 +343,11 @@ def _describe_spec(spec: Mapping[str, Any] | None) -> str:
 
 
 def human_bytes(n: float) -> str:
-    """``n`` bytes in B, KiB, MiB or GiB, for people to read."""
+    """``n`` bytes in B, KiB, MiB or GiB, for people to read.
+
+    Args:
+        n: a number of bytes.
+    """
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -339,7 +356,11 @@ def human_bytes(n: float) -> str:
 
 
 def format_info(info: SparseFileInfo) -> str:
-    """The per-tensor table and totals printed by ``feather-sparse inspect``."""
+    """The per-tensor table and totals printed by ``feather-sparse inspect``.
+
+    Args:
+        info: the file's description (:func:`~feather_sparse.export.fsp.inspect_sparse`).
+    """
     rows = [("name", "shape", "dtype", "storage", "density", "bytes")]
     for r in info.tensors:
         rows.append(

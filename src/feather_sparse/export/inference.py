@@ -75,7 +75,11 @@ class SparseLinear(nn.Module):
 
     @classmethod
     def from_dense(cls, linear: nn.Linear) -> SparseLinear:
-        """Convert an ``nn.Linear`` (its current weight, parametrized or not)."""
+        """Convert an ``nn.Linear`` (its current weight, parametrized or not).
+
+        Args:
+            linear: the layer to convert.
+        """
         return cls(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
 
     @property
@@ -84,11 +88,17 @@ class SparseLinear(nn.Module):
         return int(self.weight_csr.values().numel())
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x @ W^T + b`` over the last dimension, as ``nn.Linear`` computes it.
+
+        Args:
+            x: input of shape ``(..., in_features)``.
+        """
         rows = x.reshape(-1, self.in_features)  # (n, in)
         out = _csr_matmul(self.weight_csr, self.bias_column, rows.t())  # (out, n)
         return out.t().contiguous().reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
+        """The sizes, bias and weight density, shown by ``repr``."""
         density = self.nnz / max(self.in_features * self.out_features, 1)
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -124,7 +134,14 @@ class SparsePointwiseConv(nn.Module):
 
     @classmethod
     def from_dense(cls, conv: nn.Conv1d | nn.Conv2d | nn.Conv3d) -> SparsePointwiseConv:
-        """Convert an eligible convolution (see :func:`_is_pointwise_conv`)."""
+        """Convert an eligible convolution (see :func:`_is_pointwise_conv`).
+
+        Args:
+            conv: the convolution to convert.
+
+        Raises:
+            ValueError: if it is not a 1×1, unpadded, single-group convolution.
+        """
         if not _is_pointwise_conv(conv):
             raise ValueError(f"{conv} is not a 1x1, unpadded, single-group convolution")
         bias = None if conv.bias is None else conv.bias.detach()
@@ -136,6 +153,12 @@ class SparsePointwiseConv(nn.Module):
         return int(self.weight_csr.values().numel())
 
     def forward(self, x: Tensor) -> Tensor:
+        """The convolution of ``x``, as the dense 1×1 convolution computes it.
+
+        Args:
+            x: input of shape ``(N, in_channels, *spatial)`` or, unbatched,
+                ``(in_channels, *spatial)``.
+        """
         spatial_dims = len(self.stride)
         batched = x.dim() == spatial_dims + 2
         if not batched:
@@ -150,6 +173,7 @@ class SparsePointwiseConv(nn.Module):
         return out if batched else out.squeeze(0)
 
     def extra_repr(self) -> str:
+        """The channels, stride, bias and weight density, shown by ``repr``."""
         density = self.nnz / max(self.in_channels * self.out_channels, 1)
         return (
             f"{self.in_channels}, {self.out_channels}, stride={self.stride}, "

@@ -140,6 +140,10 @@ def check_example_input(model: nn.Module, example_input: Tensor) -> None:
     in one line rather than deep in the exporter (and, from the command line,
     before any file is written). The model's train/eval mode is restored.
 
+    Args:
+        model: the model to export.
+        example_input: one input tensor for it (a batch).
+
     Raises:
         TypeError: if ``example_input`` is not one tensor.
         ValueError: if the model does not run on it, naming its shape.
@@ -465,6 +469,11 @@ def _initializer_bytes(program: Any) -> int:
 
 def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) -> float:
     """Run the ONNX file in ``onnxruntime`` and compare with the PyTorch model.
+
+    Args:
+        model: the PyTorch model the file was exported from.
+        path: the ONNX file.
+        inputs: the input tensor to run both on.
 
     Returns:
         The largest absolute difference between the two outputs.

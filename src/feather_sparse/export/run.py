@@ -61,7 +61,15 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_source(source: Path) -> Path:
-    """The file to export from a run folder or a file path."""
+    """The file to export from a run folder or a file path.
+
+    Args:
+        source: a training run folder, or a checkpoint or model file.
+
+    Raises:
+        FileNotFoundError: if ``source`` does not exist, or is a folder with neither
+            a last checkpoint nor a model file.
+    """
     if source.is_dir():
         last = checkpoint_path(source)
         for candidate in (last, source / MODEL_NAME, previous_checkpoint_path(last)):
@@ -83,6 +91,9 @@ def source_paths(source: Path) -> list[Path]:
     folder, or its ``checkpoints/last.pt`` or ``prev.pt``), the run's
     ``checkpoints`` folder: a resume, and an export that falls back from a
     damaged ``last.pt``, read what is there.
+
+    Args:
+        source: a training run folder, or a checkpoint or model file.
 
     Raises:
         FileNotFoundError: as :func:`resolve_source`.

@@ -50,6 +50,11 @@ class FeatherSparsifier:
     def prepare(self, model: nn.Module, config: Sequence[dict[str, Any]] | None = None) -> None:
         """Attach to ``model``: every Conv/Linear weight, or the tensors ``config`` names.
 
+        Args:
+            model: the model to prune.
+            config: ``torch.ao``-style entries ``{"tensor_fqn": "<module>.weight"}``; None
+                for every Conv/Linear weight.
+
         Raises:
             ValueError: for a config entry without ``tensor_fqn``, with other keys
                 (a per-tensor ``sparsity_level``: Feather's threshold is global),
@@ -107,5 +112,9 @@ class FeatherSparsifier:
         return self._attached().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` after :meth:`prepare` on the same model."""
+        """Restore :meth:`state_dict` after :meth:`prepare` on the same model.
+
+        Args:
+            state: what :meth:`state_dict` returned.
+        """
         self._attached().load_state_dict(state)

@@ -107,6 +107,9 @@ class FeatherCallback(DrivenCallback, TrainerCallback):
 
         Use instead of ``Trainer(callbacks=[...])`` when the Feather values
         should reach the loggers named in ``report_to``.
+
+        Args:
+            trainer: the ``transformers.Trainer``.
         """
         trainer.callback_handler.callbacks.insert(0, self)
         return self
@@ -120,6 +123,20 @@ class FeatherCallback(DrivenCallback, TrainerCallback):
         model: nn.Module | None = None,
         **kwargs: Any,
     ) -> None:
+        """Attach the Pruner to ``model`` (restoring its state when the Trainer resumes).
+
+        Args:
+            args: the Trainer's arguments.
+            state: the Trainer's state (``max_steps`` sets the schedule's length).
+            control: the Trainer's control flags (unused).
+            model: the model being trained.
+            **kwargs: the other values the Trainer passes (unused).
+
+        Raises:
+            RuntimeError: if the Trainer passes no model.
+            FileNotFoundError: when resuming, if the checkpoint holds no Pruner state.
+            ValueError: when resuming, if the Pruner state belongs to another step.
+        """
         if model is None:
             raise RuntimeError("FeatherCallback: the Trainer passed no model to on_train_begin")
         if state.global_step > 0:  # resuming: the checkpoint holds the Pruner's state
@@ -134,6 +151,14 @@ class FeatherCallback(DrivenCallback, TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        """Step the Pruner after the optimizer step.
+
+        Args:
+            args: the Trainer's arguments (unused).
+            state: the Trainer's state (unused).
+            control: the Trainer's control flags (unused).
+            **kwargs: the other values the Trainer passes (unused).
+        """
         self._driver.step()
 
     def on_log(
@@ -144,6 +169,15 @@ class FeatherCallback(DrivenCallback, TrainerCallback):
         logs: dict[str, float] | None = None,
         **kwargs: Any,
     ) -> None:
+        """Add the Pruner's metrics (scheduled and achieved sparsity) to ``logs``.
+
+        Args:
+            args: the Trainer's arguments (unused).
+            state: the Trainer's state; its last history entry gets the metrics too.
+            control: the Trainer's control flags (unused).
+            logs: the values being logged, updated in place.
+            **kwargs: the other values the Trainer passes (unused).
+        """
         metrics = self._driver.metrics()
         if not metrics or logs is None:
             return
@@ -155,6 +189,14 @@ class FeatherCallback(DrivenCallback, TrainerCallback):
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        """Save the Pruner's state into the checkpoint folder the Trainer just wrote.
+
+        Args:
+            args: the Trainer's arguments (``should_save``, ``output_dir``).
+            state: the Trainer's state (its step names the folder).
+            control: the Trainer's control flags (unused).
+            **kwargs: the other values the Trainer passes (unused).
+        """
         if not args.should_save or not self._driver.attached:
             return
         folder = _checkpoint_folder(args, state)
@@ -168,6 +210,14 @@ class FeatherCallback(DrivenCallback, TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        """Finalize the Pruner (or detach it, with ``finalize=False``).
+
+        Args:
+            args: the Trainer's arguments (unused).
+            state: the Trainer's state (unused).
+            control: the Trainer's control flags (unused).
+            **kwargs: the other values the Trainer passes (unused).
+        """
         self._driver.finish()
 
     # ------------------------------------------------------------------ helpers

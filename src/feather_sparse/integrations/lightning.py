@@ -178,6 +178,15 @@ class FeatherCallback(DrivenCallback, pl.Callback):
         return int(per_epoch) * max(trainer.max_epochs, 1)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Attach the Pruner to ``pl_module`` (applying a restored state when resuming).
+
+        Args:
+            trainer: the Lightning Trainer (its step counts set the schedule's length).
+            pl_module: the module being trained.
+
+        Raises:
+            ValueError: when resuming, if the Pruner state belongs to another step.
+        """
         self._manual = not pl_module.automatic_optimization
         self._batches = self._batches_without_max_steps(trainer)
         self._driver.attach(pl_module, self._total(trainer))
@@ -212,6 +221,12 @@ class FeatherCallback(DrivenCallback, pl.Callback):
                 return
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Apply a finished fit's Pruner state when Lightning resumed it without training.
+
+        Args:
+            trainer: the Lightning Trainer.
+            pl_module: the module that was trained.
+        """
         # Resumed from a checkpoint of a finished fit, Lightning trains nothing and calls
         # neither on_train_start nor on_train_end: hand back the model the fit ended with.
         if self._driver.pruner is None and self._driver.has_pending():
@@ -220,6 +235,13 @@ class FeatherCallback(DrivenCallback, pl.Callback):
             self._driver.finish()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Drop a restored Pruner state that this run did not apply.
+
+        Args:
+            trainer: the Lightning Trainer (unused).
+            pl_module: the module (unused).
+            stage: the stage that ends (unused).
+        """
         # A state restored for this run and not applied (validate/test/predict without
         # an evaluation loop, a fit that failed before training) belongs to no later run.
         self.load_state_dict({})
@@ -241,12 +263,30 @@ class FeatherCallback(DrivenCallback, pl.Callback):
             )
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Bake a checkpoint's pruned weights in before validating it (not during a fit).
+
+        Args:
+            trainer: the Lightning Trainer.
+            pl_module: the module to validate.
+        """
         self._evaluate_checkpoint(trainer, pl_module)
 
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Bake a checkpoint's pruned weights in before testing it.
+
+        Args:
+            trainer: the Lightning Trainer.
+            pl_module: the module to test.
+        """
         self._evaluate_checkpoint(trainer, pl_module)
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Bake a checkpoint's pruned weights in before predicting with it.
+
+        Args:
+            trainer: the Lightning Trainer.
+            pl_module: the module to predict with.
+        """
         self._evaluate_checkpoint(trainer, pl_module)
 
     def on_train_batch_end(
@@ -257,6 +297,19 @@ class FeatherCallback(DrivenCallback, pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        """Step the Pruner after a batch that stepped the optimizer, and log its metrics.
+
+        Args:
+            trainer: the Lightning Trainer.
+            pl_module: the module being trained (logs the metrics).
+            outputs: what the training step returned (unused).
+            batch: the batch (unused).
+            batch_idx: the batch's index in the epoch.
+
+        Raises:
+            ValueError: under manual optimization with the default ``total_steps``, for a
+                batch that keeps the Pruner's steps out of line with the training batches.
+        """
         moved = trainer.global_step - self._seen_global_step
         if self._manual and self.total_steps is None:
             self._check_manual_batch(trainer, moved, batch_idx)
@@ -319,6 +372,14 @@ class FeatherCallback(DrivenCallback, pl.Callback):
         )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Finalize the Pruner (or detach it, with ``finalize=False``).
+
+        Warns (in the log) when training ended before the schedule reached its target.
+
+        Args:
+            trainer: the Lightning Trainer (unused).
+            pl_module: the module that was trained (unused).
+        """
         pruner = self._driver.pruner
         if self._driver.attached and self._driver.finalize and pruner is not None:
             scheduled = pruner.scheduled_sparsity()
@@ -337,8 +398,11 @@ class FeatherCallback(DrivenCallback, pl.Callback):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """The Pruner's state, stored in Lightning checkpoints (with manual optimization,
-        also ``trainer.global_step`` under ``"lightning_global_step"``)."""
+        """The Pruner's state, stored in Lightning checkpoints.
+
+        With manual optimization, also ``trainer.global_step`` under
+        ``"lightning_global_step"``.
+        """
         state = self._driver.state_dict()
         if not state:
             return state
@@ -350,7 +414,11 @@ class FeatherCallback(DrivenCallback, pl.Callback):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a checkpoint's Pruner state (applied when training starts)."""
+        """Restore a checkpoint's Pruner state (applied when training starts).
+
+        Args:
+            state_dict: what :meth:`state_dict` returned.
+        """
         state = dict(state_dict)
         saved_at = state.pop(_GLOBAL_STEP_KEY, None)
         self._pending_global_step = None if saved_at is None else int(saved_at)

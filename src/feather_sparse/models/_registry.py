@@ -121,6 +121,9 @@ def list_models() -> list[str]:
 def model_info(name: str) -> ModelInfo:
     """Metadata of a registered model.
 
+    Args:
+        name: a registered model name.
+
     Raises:
         ValueError: for an unknown name, listing the registered names.
     """

@@ -40,7 +40,12 @@ NUM_BLOCKS = 3
 
 
 class Bottleneck(nn.Module):
-    """BN-ReLU-Conv1x1(4k)-BN-ReLU-Conv3x3(k); the output is the input with k channels appended."""
+    """BN-ReLU-Conv1x1(4k)-BN-ReLU-Conv3x3(k); the output is the input with k channels appended.
+
+    Args:
+        in_channels: channels of the input.
+        growth_rate: channels the layer adds (k).
+    """
 
     def __init__(self, in_channels: int, growth_rate: int) -> None:
         super().__init__()
@@ -52,6 +57,11 @@ class Bottleneck(nn.Module):
         self.relu = nn.ReLU(inplace=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The input with the layer's ``growth_rate`` new channels appended.
+
+        Args:
+            x: a batch of feature maps, ``(N, in_channels, H, W)``.
+        """
         # the in-place ReLUs act on BN outputs, never on x, which is concatenated below
         out = self.conv1(self.relu(self.bn1(x)))
         out = self.conv2(self.relu(self.bn2(out)))
@@ -59,7 +69,12 @@ class Bottleneck(nn.Module):
 
 
 class Transition(nn.Module):
-    """BN-ReLU-Conv1x1 to ``out_channels``, then 2x2 average pooling."""
+    """BN-ReLU-Conv1x1 to ``out_channels``, then 2x2 average pooling.
+
+    Args:
+        in_channels: channels of the input.
+        out_channels: channels of the output.
+    """
 
     def __init__(self, in_channels: int, out_channels: int) -> None:
         super().__init__()
@@ -69,6 +84,11 @@ class Transition(nn.Module):
         self.pool = nn.AvgPool2d(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The compressed, pooled feature maps.
+
+        Args:
+            x: a batch of feature maps, ``(N, in_channels, H, W)``.
+        """
         return self.pool(self.conv(self.relu(self.bn(x))))
 
 
@@ -123,12 +143,21 @@ class DenseNet(nn.Module):
         init_weights(self, classifier=self.fc)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Pooled features before the classifier, ``(N, num_features)``."""
+        """Pooled features before the classifier, ``(N, num_features)``.
+
+        Args:
+            x: a batch of images, ``(N, in_channels, H, W)``.
+        """
         x = self.features(self.conv1(x))  # (N, 264, H/4, W/4) for DenseNet40-24
         x = self.relu(self.bn(x))
         return torch.flatten(self.pool(x), 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits ``(N, num_classes)`` of a batch.
+
+        Args:
+            x: a batch of images, ``(N, in_channels, H, W)``.
+        """
         return self.fc(self.forward_features(x))
 
 

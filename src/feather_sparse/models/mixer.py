@@ -60,6 +60,11 @@ class MixerBlock(nn.Module):
         self.channel2 = nn.Linear(channel_hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The mixed tokens, the shape of the input.
+
+        Args:
+            x: a batch of token embeddings, ``(N, tokens, dim)``.
+        """
         # x: (N, T, C)
         y = self.norm1(x.transpose(1, 2))  # (N, C, T): mix along T
         x = x + self.token2(F.relu(self.token1(y))).transpose(1, 2)
@@ -105,7 +110,14 @@ class MNIST1DMixer(nn.Module):
         init_weights(self, classifier=self.fc)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Token-averaged features before the classifier, ``(N, dim)``."""
+        """Token-averaged features before the classifier, ``(N, dim)``.
+
+        Args:
+            x: a batch of signals, ``(N, 1, 40)``.
+
+        Raises:
+            ValueError: for inputs of another shape.
+        """
         if x.shape[1:] != MNIST1D_SHAPE:
             raise ValueError(f"mnist1d_mlpmixer takes (N, 1, 40) signals, got {tuple(x.shape)}")
         patches = F.pad(x, PAD).unfold(-1, PATCH, STRIDE).squeeze(1)  # (N, 8 tokens, 8)
@@ -113,6 +125,11 @@ class MNIST1DMixer(nn.Module):
         return self.norm(h.mean(dim=1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits ``(N, num_classes)`` of a batch.
+
+        Args:
+            x: a batch of signals, ``(N, 1, 40)``.
+        """
         return self.fc(self.forward_features(x))
 
 

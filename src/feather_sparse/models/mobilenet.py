@@ -74,7 +74,14 @@ def _conv_bn_relu(
 
 
 class DepthwiseSeparable(nn.Module):
-    """A 3x3 depthwise conv-BN-ReLU followed by a 1x1 pointwise conv-BN-ReLU."""
+    """A 3x3 depthwise conv-BN-ReLU followed by a 1x1 pointwise conv-BN-ReLU.
+
+    Args:
+        in_channels: channels of the input.
+        out_channels: channels of the output.
+        stride: stride of the depthwise conv.
+        pointwise_bias: give the 1x1 conv a bias.
+    """
 
     def __init__(
         self, in_channels: int, out_channels: int, stride: int = 1, pointwise_bias: bool = False
@@ -84,6 +91,11 @@ class DepthwiseSeparable(nn.Module):
         self.pointwise = _conv_bn_relu(in_channels, out_channels, 1, bias=pointwise_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's output, ``(N, out_channels, H / stride, W / stride)``.
+
+        Args:
+            x: a batch of feature maps, ``(N, in_channels, H, W)``.
+        """
         return self.pointwise(self.depthwise(x))
 
 
@@ -131,11 +143,20 @@ class MobileNetV1(nn.Module):
         init_weights(self, classifier=self.fc)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Pooled features before the classifier, ``(N, num_features)``."""
+        """Pooled features before the classifier, ``(N, num_features)``.
+
+        Args:
+            x: a batch of images, ``(N, in_channels, H, W)``.
+        """
         x = self.blocks(self.stem(x))  # (N, 1024·α, H/32·stem_stride/2, ...)
         return torch.flatten(self.pool(x), 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits ``(N, num_classes)`` of a batch.
+
+        Args:
+            x: a batch of images, ``(N, in_channels, H, W)``.
+        """
         return self.fc(self.forward_features(x))
 
 

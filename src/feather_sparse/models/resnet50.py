@@ -28,7 +28,13 @@ EXPANSION = 4
 
 
 class Bottleneck(nn.Module):
-    """1x1 reduce, 3x3 (carrying the stride), 1x1 expand by 4, residual connection."""
+    """1x1 reduce, 3x3 (carrying the stride), 1x1 expand by 4, residual connection.
+
+    Args:
+        in_channels: channels of the input.
+        width: channels of the 3x3 conv; the output has ``4 · width``.
+        stride: stride of the 3x3 conv.
+    """
 
     def __init__(self, in_channels: int, width: int, stride: int = 1) -> None:
         super().__init__()
@@ -48,6 +54,11 @@ class Bottleneck(nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's output, ``(N, 4 · width, H / stride, W / stride)``.
+
+        Args:
+            x: a batch of feature maps, ``(N, in_channels, H, W)``.
+        """
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
@@ -100,12 +111,21 @@ class ResNet(nn.Module):
                     nn.init.zeros_(module.bn3.weight)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Pooled features before the classifier, ``(N, num_features)``."""
+        """Pooled features before the classifier, ``(N, num_features)``.
+
+        Args:
+            x: a batch of images, ``(N, in_channels, H, W)``.
+        """
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))  # (N, 64, H/4, W/4)
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))  # (N, 2048, H/32, W/32)
         return torch.flatten(self.pool(x), 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits ``(N, num_classes)`` of a batch.
+
+        Args:
+            x: a batch of images, ``(N, in_channels, H, W)``.
+        """
         return self.fc(self.forward_features(x))
 
 

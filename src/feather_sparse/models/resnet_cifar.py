@@ -29,7 +29,13 @@ STAGE_STRIDES = (1, 2, 2)
 
 
 class BasicBlock(nn.Module):
-    """Two 3x3 conv-BN layers and a residual connection (post-activation)."""
+    """Two 3x3 conv-BN layers and a residual connection (post-activation).
+
+    Args:
+        in_channels: channels of the input.
+        out_channels: channels of the output.
+        stride: stride of the first conv (and of the shortcut's projection).
+    """
 
     def __init__(self, in_channels: int, out_channels: int, stride: int = 1) -> None:
         super().__init__()
@@ -47,6 +53,11 @@ class BasicBlock(nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's output, ``(N, out_channels, H / stride, W / stride)``.
+
+        Args:
+            x: a batch of feature maps, ``(N, in_channels, H, W)``.
+        """
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         return self.relu(out + self.shortcut(x))
@@ -94,12 +105,21 @@ class CifarResNet(nn.Module):
         init_weights(self, classifier=self.fc)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Pooled features before the classifier, ``(N, num_features)``."""
+        """Pooled features before the classifier, ``(N, num_features)``.
+
+        Args:
+            x: a batch of images, ``(N, in_channels, H, W)``.
+        """
         x = self.relu(self.bn1(self.conv1(x)))  # (N, C0, H, W)
         x = self.layer3(self.layer2(self.layer1(x)))  # (N, C2, H/4, W/4)
         return torch.flatten(self.pool(x), 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits ``(N, num_classes)`` of a batch.
+
+        Args:
+            x: a batch of images, ``(N, in_channels, H, W)``.
+        """
         return self.fc(self.forward_features(x))
 
 

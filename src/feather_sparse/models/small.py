@@ -99,11 +99,20 @@ class MNIST1DCNN(nn.Module):
         init_weights(self, classifier=self.fc)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Pooled features before the classifier, ``(N, num_features)``."""
+        """Pooled features before the classifier, ``(N, num_features)``.
+
+        Args:
+            x: a batch of signals, ``(N, in_channels, L)``.
+        """
         x = self.features(x)  # (N, 1, 40) -> (N, 256, 10)
         return torch.flatten(self.pool(x), 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits ``(N, num_classes)`` of a batch.
+
+        Args:
+            x: a batch of signals, ``(N, in_channels, L)``.
+        """
         return self.fc(self.forward_features(x))
 
 
@@ -141,10 +150,19 @@ class MNIST1DMLP(nn.Module):
         init_weights(self, classifier=self.fc)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Hidden features before the classifier, ``(N, num_features)``."""
+        """Hidden features before the classifier, ``(N, num_features)``.
+
+        Args:
+            x: a batch of samples, ``(N, *input_shape)``.
+        """
         return self.features(x)  # (N, 1, 40) -> (N, 40) -> ... -> (N, hidden[-1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits ``(N, num_classes)`` of a batch.
+
+        Args:
+            x: a batch of samples, ``(N, *input_shape)``.
+        """
         return self.fc(self.forward_features(x))
 
 

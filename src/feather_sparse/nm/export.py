@@ -164,7 +164,13 @@ def _check_positions(positions: Tensor, pattern: NMPattern) -> None:
 
 
 def nm_encoded_bytes(numel: int, pattern: NMPattern | str, dtype: torch.dtype) -> int:
-    """Bytes of :func:`encode_nm`'s output for ``numel`` weights of ``dtype``."""
+    """Bytes of :func:`encode_nm`'s output for ``numel`` weights of ``dtype``.
+
+    Args:
+        numel: the number of weights.
+        pattern: the N:M pattern, or its ``"N:M"`` string.
+        dtype: the weights' dtype.
+    """
     pattern = NMPattern.parse(pattern)
     kept = numel // pattern.m * pattern.n
     item = torch.empty((), dtype=dtype).element_size()

@@ -186,7 +186,12 @@ class FusedNMForward:
         self._seen: dict[int, tuple[int, int]] = {}  # layer → (id, version) at its last forward
 
     def usable(self, index: int, weight: Tensor) -> bool:
-        """Whether tensor ``index`` may take the cached path in this call."""
+        """Whether tensor ``index`` may take the cached path in this call.
+
+        Args:
+            index: the tensor's position among the backbone's targets.
+            weight: its stored weight.
+        """
         return (  # tracing first: the compiler cannot trace the inference-mode query
             (self.eligible[index] or self.alone)
             and not _traced()
@@ -208,7 +213,9 @@ class FusedNMForward:
         """``(P_T(w), aux)`` of tensor ``index``, from the cache or a fresh fused pass.
 
         Args:
-            index: the tensor asked for; ``weight`` and ``ramp`` are its own.
+            index: the tensor asked for.
+            weight: its stored weight.
+            ramp: its 0-d ramp factor (the N:M backbone's threshold).
             p: the operator's power.
             weights: returns every tensor's current stored weight (the
                 backbone's order); called only when a pass is needed.

@@ -105,6 +105,9 @@ class NMPattern:
     def parse(cls, spec: str | NMPattern) -> NMPattern:
         """``"2:4"`` → ``NMPattern(2, 4)``; a pattern passes through.
 
+        Args:
+            spec: ``"N:M"``, or a pattern.
+
         Raises:
             ValueError: for anything but ``"N:M"`` with integers ``0 < N < M``.
         """
@@ -130,7 +133,11 @@ class NMPattern:
 
 
 def reduction_size(weight: Tensor) -> int:
-    """Length of a weight's GEMM reduction dimension: the product of ``shape[1:]``."""
+    """Length of a weight's GEMM reduction dimension: the product of ``shape[1:]``.
+
+    Args:
+        weight: a layer's weight.
+    """
     return math.prod(weight.shape[1:])
 
 
@@ -166,6 +173,13 @@ def check_layout(
     ``order`` is the layer's :func:`layer_order`: with ``"channels"`` the groups
     run along the input channels at each kernel position, so those must be a
     multiple of ``m``; with ``"transposed"`` along the weight's first dimension.
+
+    Args:
+        name: the layer's name, for the error message.
+        module: the layer.
+        weight: its weight.
+        pattern: the N:M pattern.
+        order: the layer's :func:`layer_order`.
 
     Raises:
         ValueError: for a transposed convolution (its weight is ``(in, out, …)``,
@@ -209,6 +223,10 @@ def group_view(weight: Tensor, pattern: NMPattern) -> Tensor:
 
     The rows are the output channels (``weight.reshape(out, -1)``), so a group
     never crosses a row, and a dim-0 shard holds whole groups.
+
+    Args:
+        weight: a weight whose rows split into groups of ``pattern.m``.
+        pattern: the N:M pattern.
 
     Raises:
         ValueError: if a row's length is not a multiple of ``m``.
@@ -278,6 +296,10 @@ def group_thresholds(weight: Tensor, pattern: NMPattern) -> Tensor:
 
     In the compute dtype (float32 for half weights). This is the largest
     magnitude among the weights :func:`nm_keep_mask` prunes.
+
+    Args:
+        weight: a weight whose rows split into groups of ``pattern.m``.
+        pattern: the N:M pattern.
     """
     a = group_view(weight.detach(), pattern).to(compute_dtype(weight.dtype)).abs()
     return _kth_smallest(a.unbind(1), pattern.m - pattern.n - 1).unsqueeze(1)
@@ -304,7 +326,12 @@ def nm_keep_mask(weight: Tensor, pattern: NMPattern) -> tuple[Tensor, Tensor]:
 
 
 def nm_thresholds(weight: Tensor, pattern: NMPattern) -> Tensor:
-    """Each group's threshold ``T_g`` (the largest pruned magnitude), shape ``(G,)``."""
+    """Each group's threshold ``T_g`` (the largest pruned magnitude), shape ``(G,)``.
+
+    Args:
+        weight: a weight whose rows split into groups of ``pattern.m``.
+        pattern: the N:M pattern.
+    """
     return group_thresholds(weight, pattern).squeeze(1)
 
 
