@@ -171,6 +171,47 @@ def test_print_config_refuses_what_training_refuses_with_the_same_error(
     assert not (tmp_path / "run").exists()
 
 
+# ------------------------------------------------------------- model vs data
+@guard(
+    "`feather-sparse train --model resnet20` on MNIST-1D (a model built for other data)",
+    "CLI exit 1 before the first step with one line naming the model, the data set, the "
+    "sample shape and the recipe made for that data, where a conv shape error came from "
+    "the first training step; the same folder then trains with a model that fits",
+)
+def test_a_model_that_does_not_take_the_data_is_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [*tiny_run_args(256, 64, epochs=1, quarter_width=False), "--run-dir", str(tmp_path)]
+    assert cli.main(["train", *argv, "--model", "resnet20"]) == 1
+    err = capsys.readouterr().err
+    assert "model 'resnet20' does not take data set 'synthetic-mnist1d'" in err
+    assert "one sample is (1, 40)" in err
+    assert "give a --model that takes it (of the bundled recipes' models: mnist1d_cnn" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "metrics.jsonl").exists()
+    assert cli.main(["train", *argv]) == 0  # nothing of the failed start is in the way
+
+
+def test_the_model_check_leaves_the_model_and_the_random_state_as_they_were() -> None:
+    """One forward in evaluation mode inside a forked random state: the batch norm's
+    running statistics, the training mode and what a seeded run draws next are unchanged."""
+    from feather_sparse.models import create_model
+    from feather_sparse.train.fit import check_model_takes
+
+    model = create_model("mnist1d_cnn", num_classes=10)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    check_model_takes(
+        model, model_name="mnist1d_cnn", dataset="mnist1d", shape=(1, 40), num_classes=10
+    )
+    assert torch.equal(torch.rand(3), expected)
+    assert model.training
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
 # ------------------------------------------------------------------- device
 @guard(
     "`--device cuda:x` (a device string torch cannot parse)",

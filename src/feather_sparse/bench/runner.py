@@ -34,13 +34,14 @@ from feather_sparse._version import __version__
 from feather_sparse.analysis import MaskStabilityRecorder, count_flops, layer_sparsity
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.data import DATASETS, load_dataset
-from feather_sparse.integrity import first_line, read_sealed_json, write_sealed_json
+from feather_sparse.integrity import read_sealed_json, write_sealed_json
 from feather_sparse.methods import METHODS, pruner_config
 from feather_sparse.models import create_model, list_models
 from feather_sparse.provenance import numerics
 from feather_sparse.pruner_config import PrunerConfig
-from feather_sparse.recipes import TrainConfig, list_recipes, load_config
+from feather_sparse.recipes import TrainConfig, load_config
 from feather_sparse.train.dist import resolve_device
+from feather_sparse.train.fit import check_model_takes
 from feather_sparse.train.run_dir import read_run_info
 
 __all__ = [
@@ -515,64 +516,18 @@ def check_data(configs: Sequence[Mapping[str, Any]]) -> None:
             )
         except (TypeError, ValueError) as err:
             raise ValueError(f"no run started: model {cfg['model']}: {err}") from err
-        _check_input(model, cfg, tuple(bundle.input_shape), bundle.num_classes)
+        try:
+            check_model_takes(
+                model,
+                model_name=str(cfg["model"]),
+                dataset=str(cfg["dataset"]),
+                shape=tuple(bundle.input_shape),
+                num_classes=bundle.num_classes,
+                recipe=cfg.get("recipe"),
+            )
+        except ValueError as err:
+            raise ValueError(f"no run started: {err}") from err
         _BUILT.add(what)
-
-
-def _check_input(
-    model: torch.nn.Module, cfg: Mapping[str, Any], shape: tuple[int, ...], num_classes: int
-) -> None:
-    """Raise when ``model`` cannot run forward on a batch of the data's samples."""
-    try:
-        with torch.no_grad():
-            model.eval()(torch.zeros((2, *shape)))
-    except (RuntimeError, ValueError, TypeError, IndexError) as err:
-        dataset, name = cfg["dataset"], cfg["model"]
-        fits = _recipes_for(str(dataset))
-        if fits:
-            fix = (
-                "use a recipe made for it ("
-                + ", ".join(f"--recipe {r} trains {m}" for r, m in fits)
-                + ") or a --model that takes it"
-            )
-        else:
-            models = _models_taking(shape, num_classes)
-            fix = "give a --model that takes it" + (
-                f" (of the bundled recipes' models: {', '.join(models)})" if models else ""
-            )
-        raise ValueError(
-            f"no run started: model {name!r} (of recipe {cfg.get('recipe')}) does not take "
-            f"data set {dataset!r}: one sample is {tuple(shape)} and the forward pass "
-            f"fails ({first_line(err)}); {fix}"
-        ) from err
-
-
-def _models_taking(shape: tuple[int, ...], num_classes: int) -> list[str]:
-    """The models of the bundled recipes that run forward on samples of ``shape``."""
-    found = []
-    for _, name in _recipes_for(None):
-        if name in found:
-            continue
-        try:
-            with torch.no_grad():
-                create_model(name, num_classes=num_classes).eval()(torch.zeros((2, *shape)))
-        except Exception:  # any failure: it does not take the data
-            continue
-        found.append(name)
-    return found
-
-
-def _recipes_for(dataset: str | None) -> list[tuple[str, str]]:
-    """``(recipe, model)`` of the bundled recipes that train on ``dataset`` (all: ``None``)."""
-    found = []
-    for name in list_recipes():
-        try:
-            cfg = load_config(name)
-        except (ValueError, OSError):
-            continue
-        if dataset is None or cfg.dataset == dataset:
-            found.append((name, str(cfg.model)))
-    return found
 
 
 @dataclass(frozen=True)

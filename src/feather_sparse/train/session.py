@@ -31,6 +31,7 @@ from feather_sparse.train.checkpoint import (
     _set_rng_state,
 )
 from feather_sparse.train.dist import DistContext
+from feather_sparse.train.fit import check_model_takes
 from feather_sparse.train.optim import build_lr_scheduler, build_optimizer
 from feather_sparse.train.run_dir import RUN_FORMAT, _trim_metrics, _write_json
 
@@ -101,6 +102,14 @@ def _setup(
         **config.data_options,
     )
     model = create_model(config.model, num_classes=bundle.num_classes, **config.model_kwargs)
+    # one forward of two zero samples: a model built for other data fails here, in one line
+    check_model_takes(
+        model,
+        model_name=config.model,
+        dataset=config.dataset,
+        shape=tuple(bundle.input_shape),
+        num_classes=bundle.num_classes,
+    )
     fallback_spec = {"name": config.model, "kwargs": {"num_classes": bundle.num_classes}}
     spec = dict(getattr(model, MODEL_SPEC_ATTR, fallback_spec))
     model.to(device)

@@ -1,0 +1,122 @@
+"""Whether a model takes a data set's samples: one check for ``train`` and ``bench``.
+
+A model built for other data (``--model resnet20`` on the 1-D MNIST-1D
+samples) otherwise fails in its first training step with a shape error of
+some layer deep inside it. :func:`check_model_takes` runs the model forward
+once on a batch of two zero samples before anything trains, and turns a
+failure into one error naming the model, the data set, the sample shape and
+what would fit: the bundled recipe made for that data, or the bundled
+models that take it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from feather_sparse.integrity import first_line
+from feather_sparse.models import create_model
+from feather_sparse.recipes import list_recipes, load_config
+
+__all__ = ["check_model_takes", "models_taking", "recipes_for"]
+
+
+def recipes_for(dataset: str | None) -> list[tuple[str, str]]:
+    """``(recipe, model)`` of the bundled recipes that train on ``dataset``.
+
+    Args:
+        dataset: a data set name, or ``None`` for every bundled recipe.
+    """
+    found = []
+    for name in list_recipes():
+        try:
+            cfg = load_config(name)
+        except (ValueError, OSError):
+            continue
+        if dataset is None or cfg.dataset == dataset:
+            found.append((name, str(cfg.model)))
+    return found
+
+
+def _runs_on(model: nn.Module, shape: tuple[int, ...]) -> None:
+    """Run ``model`` forward on two zero samples of ``shape``, leaving it as it was.
+
+    Evaluation mode (no batch statistics updated, no dropout) without
+    gradients, inside a forked CPU random state: the check changes neither the
+    model nor what a seeded run draws afterwards.
+    """
+    was_training = model.training
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            model.eval()(torch.zeros((2, *shape)))
+    finally:
+        model.train(was_training)
+
+
+def models_taking(shape: tuple[int, ...], num_classes: int) -> list[str]:
+    """The models of the bundled recipes that run forward on samples of ``shape``.
+
+    Args:
+        shape: one sample's shape, channels first.
+        num_classes: the data set's number of classes.
+    """
+    found: list[str] = []
+    for _, name in recipes_for(None):
+        if name in found:
+            continue
+        try:
+            _runs_on(create_model(name, num_classes=num_classes), shape)
+        except Exception:  # any failure: it does not take the data
+            continue
+        found.append(name)
+    return found
+
+
+def check_model_takes(
+    model: nn.Module,
+    *,
+    model_name: str,
+    dataset: str,
+    shape: tuple[int, ...],
+    num_classes: int,
+    recipe: str | None = None,
+) -> None:
+    """Raise unless ``model`` runs forward on a batch of the data set's samples.
+
+    The model is run on two zero samples on the device it is on, in
+    evaluation mode and without gradients, and left as it was (its mode, its
+    buffers, the random state).
+
+    Args:
+        model: the model to train, built for ``num_classes`` classes.
+        model_name: its registered name, for the message.
+        dataset: the data set's name, for the message and the fixes.
+        shape: one sample's shape, channels first.
+        num_classes: the data set's number of classes.
+        recipe: the recipe the settings came from, named in the message if given.
+
+    Raises:
+        ValueError: naming the model, the data set, the sample shape, the
+            forward's error, and the bundled recipe made for the data set (or
+            the bundled models that take its samples).
+    """
+    try:
+        _runs_on(model, shape)
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        fits = recipes_for(dataset)
+        if fits:
+            fix = (
+                "use a recipe made for it ("
+                + ", ".join(f"--recipe {r} trains {m}" for r, m in fits)
+                + ") or a --model that takes it"
+            )
+        else:
+            models = models_taking(shape, num_classes)
+            fix = "give a --model that takes it" + (
+                f" (of the bundled recipes' models: {', '.join(models)})" if models else ""
+            )
+        of_recipe = f" (of recipe {recipe})" if recipe is not None else ""
+        raise ValueError(
+            f"model {model_name!r}{of_recipe} does not take data set {dataset!r}: one sample "
+            f"is {tuple(shape)} and the forward pass fails ({first_line(err)}); {fix}"
+        ) from err
