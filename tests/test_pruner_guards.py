@@ -409,6 +409,35 @@ def test_sharded_one_shot_nm_names_the_option_not_a_contradiction(
     assert "use one that does" not in str(err.value)
 
 
+@guard(
+    "`fs.Pruner(copy.deepcopy(model))` where `model` has a Pruner attached (an EMA copy)",
+    "`ValueError` saying the model is a copy of an attached one, with no Pruner to remove, "
+    "and to build it from `model.state_dict()` into a plain model; both models left as they were",
+)
+def test_a_copy_of_an_attached_model_is_named_a_copy() -> None:
+    model = plain_model()
+    pruner = fs.Pruner(model, 0.5, total_steps=4)
+    ema = copy.deepcopy(model)
+    with pytest.raises(ValueError, match="this model is a copy") as err:
+        fs.Pruner(ema, 0.5, total_steps=4)
+    assert "ema.load_state_dict(model.state_dict())" in str(err.value)
+    assert "earlier Pruner" not in str(err.value)
+    assert parametrized(ema) == parametrized(model) == ["0", "2"]
+    # the recipe the message gives: a plain model from the plain keys takes a Pruner
+    plain = plain_model()
+    plain.load_state_dict(model.state_dict())
+    fs.Pruner(plain, 0.5, total_steps=4)
+    # the attached model itself keeps the message about its own Pruner, and so does a
+    # copy made with its Pruner (which drives it)
+    with pytest.raises(ValueError, match="on the earlier Pruner first"):
+        fs.Pruner(model, 0.5, total_steps=4)
+    model_copy, pruner_copy = copy.deepcopy((model, pruner))
+    with pytest.raises(ValueError, match="on the earlier Pruner first"):
+        fs.Pruner(model_copy, 0.5, total_steps=4)
+    pruner.step()
+    pruner_copy.step()
+
+
 def test_non_finite_weights_before_training_are_not_called_a_divergence() -> None:
     model = plain_model()
     with torch.no_grad():

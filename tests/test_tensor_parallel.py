@@ -9,7 +9,10 @@ the thresholds the next ``step()`` selects (exactly), ``report()`` and
 ``sparsity_achieved()`` (exact counts), and at the end the export of
 ``dense_state_dict(pruned=True, full=True)`` and ``finalize()``. Unstructured
 and 2:4 pruning; a row-wise layer whose shards would split the 2:4 groups is
-refused at attach, naming the layer.
+refused at attach, naming the layer, and so is one-shot N:M (a frozen mask),
+with the reason that holds under tensor parallelism. The model compiled with
+``torch.compile`` (``fullgraph=True``, ``aot_eager``) trains as the eager one,
+without recompiling as the threshold moves.
 """
 
 from __future__ import annotations
@@ -134,7 +137,8 @@ def _whole(value: Tensor) -> Tensor:
 
 
 def _refusals() -> dict[str, Any]:
-    """A row-wise 2:4 layer whose shards split groups; attaching before parallelize_module."""
+    """A row-wise 2:4 layer whose shards split groups; one-shot N:M (a frozen mask);
+    attaching before parallelize_module."""
     out: dict[str, Any] = {}
     model = _parallelize(_mlp(hidden=12))  # layer '2' is (8, 12): (8, 6) per rank
     stored = model[2].weight
@@ -143,6 +147,12 @@ def _refusals() -> dict[str, Any]:
     except ValueError as err:
         out["split"] = str(err)
     out["left_alone"] = model[2].weight is stored and not hasattr(model[2], "parametrizations")
+    oneshot = _parallelize(_mlp())
+    try:
+        fs.make_pruner(oneshot, "oneshot-nm", pattern="2:4", total_steps=10)
+    except ValueError as err:
+        out["oneshot"] = str(err)
+    out["oneshot_left_alone"] = not any(hasattr(m, "parametrizations") for m in oneshot)
     early = _mlp()
     fs.Pruner(early, sparsity=0.5, total_steps=1)
     try:
@@ -152,10 +162,40 @@ def _refusals() -> dict[str, Any]:
     return out
 
 
+def _compiled() -> dict[str, Any]:
+    """The tensor-parallel model compiled (``fullgraph=True``, no recompiles while the
+    threshold moves) against the same model run eagerly, step by step."""
+    import torch._dynamo
+
+    model = _parallelize(_mlp())
+    eager = _parallelize(_mlp())
+    pruner = fs.Pruner(model, **KINDS["unstructured"])
+    pruner_eager = fs.Pruner(eager, **KINDS["unstructured"])
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.2) for m in (model, eager)]
+    out: dict[str, Any] = {"out": [], "out_eager": [], "thresholds": [], "thresholds_eager": []}
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for step in range(STEPS):
+            x, y = _batch(step)
+            for net, opt, p, key in (
+                (compiled, opts[0], pruner, ""),
+                (eager, opts[1], pruner_eager, "_eager"),
+            ):
+                got = net(x)
+                opt.zero_grad()
+                nn.functional.cross_entropy(got, y).backward()
+                opt.step()
+                p.step()
+                out["out" + key].append(got.detach().clone())
+                out["thresholds" + key].append([float(t) for t in p.thresholds()])
+    return out
+
+
 def _scenario(rank: int, world: int) -> dict[str, Any]:
     torch.manual_seed(1234)
     out: dict[str, Any] = {kind: _train(kind) for kind in KINDS}
     out["refusals"] = _refusals()
+    out["compiled"] = _compiled()
     return out
 
 
@@ -228,6 +268,22 @@ def test_rowwise_shards_that_split_groups_are_refused_at_attach(
         assert run["refusals"]["left_alone"]
 
 
+@guard(
+    "one-shot N:M (`oneshot-nm`, `NMBackbone(freeze=True)`) attached to a tensor-parallel model",
+    "`ValueError` at attach saying why under tensor parallelism (per-shard masks the Pruner's "
+    "state cannot save) and to use N:M without `freeze`; the model is left as it was",
+)
+def test_one_shot_nm_under_tensor_parallelism_is_refused_with_its_own_reason(
+    runs: list[dict[str, Any]],
+) -> None:
+    for run in runs:
+        message = run["refusals"]["oneshot"]
+        assert "under tensor parallelism" in message and "one rank's masks" in message
+        assert "FSDP2's forward" not in message and "whole weights" not in message
+        assert "pattern='2:4'" in message
+        assert run["refusals"]["oneshot_left_alone"]
+
+
 def test_the_documented_order_attach_after_parallelize_module(
     runs: list[dict[str, Any]],
 ) -> None:
@@ -235,3 +291,15 @@ def test_the_documented_order_attach_after_parallelize_module(
     name (``parametrizations.weight.original``) cannot be registered: torch refuses."""
     for run in runs:
         assert 'contain "."' in run["refusals"]["before"]
+
+
+def test_compiled_model_trains_as_the_eager_one(runs: list[dict[str, Any]]) -> None:
+    """torch.compile of the tensor-parallel model with the Pruner attached (fullgraph,
+    aot_eager on CPU): the same outputs and thresholds, and no recompile as they move."""
+    for run in runs:
+        got = run["compiled"]
+        for out, out_eager in zip(got["out"], got["out_eager"]):
+            torch.testing.assert_close(out, out_eager)
+        for t, t_eager in zip(got["thresholds"], got["thresholds_eager"]):
+            assert t == pytest.approx(t_eager, rel=1e-6)
+        assert len({t[0] for t in got["thresholds"]}) > 1  # the threshold moved

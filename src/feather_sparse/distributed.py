@@ -19,6 +19,10 @@ zeros and writes thresholds; this module hides where those weights live.
 - **Tensor parallelism** (``parallelize_module``, DTensor weights used as
   DTensors in the forward): the same local shards and groups; the
   parametrization maps the operator over each rank's shard in the forward.
+- **Both on a 2-D mesh** (``fully_shard`` on ``"dp"`` over ``parallelize_module``
+  on ``"tp"``): a weight sharded on both mesh dimensions is selected over the
+  group spanning them (:func:`shard_group`), and each weight, also one sharded
+  on ``"dp"`` alone, counts once over it (:func:`local_weights`).
 
 For plain tensors (one process, or DDP) nothing here communicates.
 """
@@ -174,38 +178,115 @@ def whole_on_first(w: Any, group: ProcessGroup | None) -> Tensor:
     return whole if dist.get_rank(group) == 0 else whole[:0]
 
 
+def _sharded_dims(w: Any) -> list[int]:
+    """The mesh dimensions the DTensor ``w`` is sharded on: ``Shard`` and layouts of
+    their own such as FSDP2's ``_StridedShard`` under tensor parallelism (whose
+    ``is_shard()`` is False), not ``Replicate`` or ``Partial``."""
+    return [i for i, p in enumerate(w.placements) if not (p.is_replicate() or p.is_partial())]
+
+
+#: Per (mesh, mesh dimensions): the group of the mesh flattened over them (see shard_group).
+_FLAT_GROUPS: dict[tuple[Any, tuple[int, ...]], ProcessGroup] = {}
+
+
+def _flat_group(mesh: Any, dims: tuple[int, ...], placements: tuple[Any, ...]) -> ProcessGroup:
+    """The group spanning mesh dimensions ``dims`` of ``mesh`` together (this rank's slice).
+
+    Made once per mesh and dimensions with ``DeviceMesh._flatten`` (a collective over
+    the whole mesh, as every rank reaches it in the same order), then reused.
+
+    Raises:
+        ValueError: for a mesh without dimension names (it cannot be sliced).
+    """
+    key = (mesh, dims)
+    if key not in _FLAT_GROUPS:
+        names = mesh.mesh_dim_names
+        if names is None:
+            raise ValueError(
+                f"a prunable weight is sharded on {len(dims)} mesh dimensions {placements} of "
+                "a mesh without dimension names: name them (init_device_mesh(..., "
+                'mesh_dim_names=("dp", "tp"))) or pass Pruner(process_group=...) with the '
+                "group spanning them"
+            )
+        sub = mesh if len(dims) == mesh.ndim else mesh[tuple(names[d] for d in dims)]
+        _FLAT_GROUPS[key] = sub._flatten().get_group()
+    return _FLAT_GROUPS[key]
+
+
 def shard_group(w: Any) -> ProcessGroup | None:
-    """The group of the one mesh dimension a DTensor is sharded on (None: replicated)."""
-    dims = [i for i, p in enumerate(w.placements) if p.is_shard()]
+    """The group of the mesh dimensions a DTensor is sharded on (None: replicated).
+
+    One dimension: its group. Several (FSDP2 over tensor parallelism on a 2-D
+    mesh: ``fully_shard`` on ``mesh["dp"]`` of a weight ``parallelize_module``
+    sharded on ``mesh["tp"]``): the group of the mesh flattened over them,
+    whose ranks together hold each weight once.
+
+    Raises:
+        ValueError: for several dimensions of a mesh without dimension names.
+    """
+    dims = _sharded_dims(w)
     if not dims:
         return None
-    if len(dims) > 1:
-        raise ValueError(
-            f"a prunable weight is sharded on {len(dims)} mesh dimensions {tuple(w.placements)}; "
-            "pass Pruner(process_group=...) with the group spanning them"
-        )
-    group: ProcessGroup = w.device_mesh.get_group(dims[0])
-    return group
+    if len(dims) == 1:
+        group: ProcessGroup = w.device_mesh.get_group(dims[0])
+        return group
+    return _flat_group(w.device_mesh, tuple(dims), tuple(w.placements))
 
 
 def common_shard_group(weights: Sequence[Any]) -> ProcessGroup | None:
-    """The one group all sharded ``weights`` are sharded over (None: none is sharded).
+    """The group to select over: the one the sharded ``weights`` are sharded over
+    that holds the others' ranks (None: none is sharded).
+
+    On a 2-D mesh the weights that tensor parallelism shards are sharded over
+    ``dp`` and ``tp`` together, and those it leaves whole over ``dp`` alone:
+    the ``dp``×``tp`` group holds both (each weight is then counted once,
+    see :func:`local_weights`).
 
     Raises:
-        ValueError: if the weights are sharded over different groups.
+        ValueError: if no group holds all the others' ranks.
     """
     import torch.distributed as dist
 
     groups = [g for g in (shard_group(w) for w in weights) if g is not None]
     if not groups:
         return None
-    ranks = {tuple(dist.get_process_group_ranks(g)) for g in groups}
-    if len(ranks) > 1:
+    ranks = [frozenset(dist.get_process_group_ranks(g)) for g in groups]
+    widest = max(range(len(groups)), key=lambda i: len(ranks[i]))
+    if not all(r <= ranks[widest] for r in ranks):
+        listed = sorted({tuple(sorted(r)) for r in ranks})
         raise ValueError(
-            f"the prunable weights are sharded over different process groups {sorted(ranks)}; "
-            "pass Pruner(process_group=...) with the one group to select over"
+            f"the prunable weights are sharded over different process groups {listed}, none "
+            "of which holds the others; pass Pruner(process_group=...) with the one group to "
+            "select over"
         )
-    return groups[0]
+    return groups[widest]
+
+
+def _counted_here(w: Any, members: frozenset[int]) -> bool:
+    """Whether this rank counts its part of the DTensor ``w`` when selecting over the
+    group of global ranks ``members``, so that the group counts each weight once.
+
+    Of the group's ranks that hold this rank's shard (the same coordinates on the
+    mesh dimensions ``w`` is sharded on), the lowest counts it. A mesh that holds
+    none of the group's lowest rank is one of several slices of a larger mesh that
+    hold ``w`` alike (FSDP2's ``dp`` meshes, one per ``tp`` rank, for a layer tensor
+    parallelism leaves whole): the slice holding that rank counts for them all.
+    """
+    import torch.distributed as dist
+
+    return _counted(w.device_mesh, tuple(_sharded_dims(w)), members, dist.get_rank())
+
+
+@functools.lru_cache(maxsize=1024)
+def _counted(mesh: Any, sharded: tuple[int, ...], members: frozenset[int], rank: int) -> bool:
+    """:func:`_counted_here` of global rank ``rank`` for a layout (the same at every step)."""
+    ranks = mesh.mesh  # the global ranks, laid out as the mesh
+    coordinate = mesh.get_coordinate()
+    if coordinate is None or not bool((ranks == min(members)).any()):
+        return False
+    here = tuple(c if i in sharded else slice(None) for i, c in enumerate(coordinate))
+    holders = [r for r in ranks[here].flatten().tolist() if r in members]
+    return rank == min(holders, default=-1)
 
 
 def local_weights(
@@ -216,9 +297,13 @@ def local_weights(
     """This rank's part of each weight (detached) and the group it is sharded over.
 
     Plain tensors are whole weights (replicated under DDP): group None.
-    DTensors (FSDP2) give their local shard and ``process_group`` or their
-    mesh's group. A replicated weight among sharded ones is counted on the
-    group's rank 0 only (an empty view elsewhere), so every weight counts once.
+    DTensors (FSDP2, tensor parallelism, both on a 2-D mesh) give their local
+    shard and ``process_group`` or the group they are sharded over
+    (:func:`common_shard_group`). Each weight counts once over the group: a
+    weight replicated on some mesh dimensions (a plain tensor, a DTensor
+    replicated among sharded ones, a layer tensor parallelism leaves whole on
+    a 2-D mesh) is counted on one rank per shard (:func:`_counted_here`; an
+    empty view elsewhere).
     ``gather`` marks the sharded weights to gather whole instead (a collective;
     see :func:`whole_on_first`): the same marks on every rank.
     """
@@ -233,16 +318,17 @@ def local_weights(
         return [to_local(w) if isinstance(w, dtensor) else w for w in detached], None
     import torch.distributed as dist
 
+    members = frozenset(dist.get_process_group_ranks(group))
     first = dist.get_rank(group) == 0
     local = []
     for i, w in enumerate(detached):
         if isinstance(w, dtensor) and gather is not None and gather[i]:
             local.append(whole_on_first(w, group))
-        elif isinstance(w, dtensor) and shard_group(w) is not None:
-            local.append(to_local(w))
+        elif isinstance(w, dtensor):
+            part = to_local(w)
+            local.append(part if _counted_here(w, members) else part.reshape(-1)[:0])
         else:
-            whole = to_local(w) if isinstance(w, dtensor) else w
-            local.append(whole if first else whole.reshape(-1)[:0])
+            local.append(w if first else w.reshape(-1)[:0])
     return local, group
 
 

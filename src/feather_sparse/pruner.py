@@ -29,6 +29,7 @@ import difflib
 import logging
 import math
 import re
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -73,6 +74,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: The parametrizations that Pruners registered, to tell a model a Pruner is attached
+#: to from a copy of one (``copy.deepcopy`` makes new parametrizations, not listed here).
+_REGISTERED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 #: What :meth:`Pruner.state_dict` returns is marked with this, and versioned
 #: with :data:`~feather_sparse.pruner_config.FORMAT_VERSION`.
@@ -277,6 +282,28 @@ def _unparametrize(module: nn.Module, leave_parametrized: bool, order: Sequence[
         entries = dict(params)
         params.clear()
         params.update((k, entries[k]) for k in ranked)
+
+
+def _refuse_copy_of_attached(name: str, module: nn.Module) -> None:
+    """Raise if ``module``'s weight carries a Pruner's parametrization that no Pruner
+    registered: the layer of a copy (``copy.deepcopy``, a pickled whole model) of a
+    model with a Pruner attached, which no Pruner drives.
+
+    Raises:
+        ValueError: saying so, and how to make the copy (from the plain keys).
+    """
+    found = module.parametrizations["weight"]  # type: ignore[index]
+    copied = [p for p in found if isinstance(p, FeatherParametrization) and p not in _REGISTERED]
+    if copied:
+        raise ValueError(
+            f"layer {name!r} carries a Pruner's parametrization that no Pruner drives: this "
+            "model is a copy (copy.deepcopy, or a whole pickled module) of a model with a "
+            "Pruner attached, and it has no Pruner of its own to remove. Build such a copy "
+            "(an EMA or teacher model) as a plain model instead, from the attached model's "
+            "state_dict(), which has the plain keys: ema = build_model(); "
+            "ema.load_state_dict(model.state_dict()); then attach a Pruner to it if it "
+            "needs one"
+        )
 
 
 def _check_backbone_free(backbone: Backbone) -> None:
@@ -500,7 +527,9 @@ class Pruner:
             DTensors (FSDP2 ``fully_shard``) each rank selects
             on its local shard and the counts are all-reduced over this group,
             so every rank gets the exact global threshold without gathering the
-            weights; ``None`` takes the group from the weights' device mesh.
+            weights; ``None`` takes the group from the weights' device mesh
+            (for weights sharded on several mesh dimensions, as by FSDP2 over
+            tensor parallelism, the group spanning them, made once).
             Plain (replicated) weights, as under DDP, never use it: every rank
             computes the identical threshold locally, with no communication.
 
@@ -621,6 +650,7 @@ class Pruner:
         _warn_dense_attention(model, {t.name for t in targets})
         for t in targets:
             if parametrize.is_parametrized(t.module, "weight"):
+                _refuse_copy_of_attached(t.name, t.module)
                 raise ValueError(
                     f"layer {t.name!r} already has a parametrization on its weight (a Pruner is "
                     "attached, or another parametrization is): call pruner.remove() or "
@@ -684,6 +714,7 @@ class Pruner:
                 )
                 param = FeatherParametrization(self.operator, self.theta, buf, hook, index)
                 parametrize.register_parametrization(t.module, "weight", param)
+                _REGISTERED.add(param)
                 attached.append(t)
                 params.append(param)
             for alias, index in tied:  # the same parametrization: one threshold, one weight
@@ -894,11 +925,19 @@ class Pruner:
             if not self.backbone.supports_sharding:
                 able = [n for n in BACKBONES.names() if BACKBONES.get(n).supports_sharding]
                 if type(self.backbone).supports_sharding:  # this backbone's options turn it off
+                    if distributed.fsdp_managed(self.model, self.weights()):
+                        why = "is kept per shard, but FSDP2's forward sees the gathered weights"
+                    else:  # tensor parallelism: the weights were DTensors at attach
+                        why = (
+                            "would be kept per shard under tensor parallelism, and the "
+                            "Pruner's state_dict() holds no sharded masks: a checkpoint would "
+                            "save one rank's masks for all"
+                        )
                     raise ValueError(
                         f"backbone {self.backbone.config()!r} does not support sharded "
                         "(FSDP2/DTensor) weights with these options (a frozen one-shot N:M mask "
-                        "is kept per shard, but the forward sees whole weights); use another "
-                        "N:M method, or DDP"
+                        f"{why}); use another N:M method (pattern='2:4' recomputes each "
+                        "group's mask at every forward, on each shard), or DDP"
                     )
                 raise ValueError(
                     f"backbone {self.backbone.name!r} does not support sharded (FSDP2/DTensor) "
@@ -1349,6 +1388,18 @@ class Pruner:
             pruner.remove()  # the caller never gets this Pruner: leave the model as it was
             raise
         return pruner
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A copy of the Pruner made with its model (copy.deepcopy of both, a pickle of
+        # both) drives the copied parametrizations: a new Pruner there is refused as
+        # a second Pruner, not as a copy of an attached model.
+        self.__dict__.update(state)
+        if "targets" in state and state.get("_ended") is None:
+            for t in self.parametrized_layers():
+                plist: Any = t.parametrizations()
+                param = None if plist is None else plist._modules.get("0")
+                if isinstance(param, FeatherParametrization):
+                    _REGISTERED.add(param)
 
     def __repr__(self) -> str:
         return (

@@ -146,7 +146,8 @@ class NMBackbone(Backbone):
         self.decay = float(decay)
         self.rescale = bool(rescale)
         self.freeze = bool(freeze)
-        # A frozen mask is kept per local shard, but the forward sees whole weights.
+        # A frozen mask would be kept per local shard: FSDP2's forward sees the gathered
+        # weights, and the Pruner's state holds no sharded masks (tensor parallelism).
         self.supports_sharding = not self.freeze
         self._beta: list[Tensor] | None = None
         self._masks: list[Tensor] | None = None
