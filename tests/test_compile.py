@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import feather_sparse as fs
+from _guards import guard
 from _helpers import conv1d_net
 from _training import sgd_run
 
@@ -83,3 +84,18 @@ def test_inductor_training_matches_eager() -> None:
     compiled = _train("inductor")
     assert compiled["frames"] == 1
     _assert_same_training(eager, compiled)
+
+
+@guard(
+    "`torch.compile(model)` (without `fullgraph=True`) of a model pruned with θ < 1",
+    "one graph, no graph break (the backward's clamp read θ back from a tensor with "
+    "`.item()`, and dynamo broke the graph at every pruned layer)",
+)
+@pytest.mark.parametrize("theta", [1.0, 0.5, 0.0])
+def test_a_pruned_model_compiles_without_a_graph_break(theta: float) -> None:
+    torch._dynamo.reset()
+    model = conv1d_net()
+    fs.Pruner(model, sparsity=0.8, total_steps=STEPS, theta=theta)
+    explained = torch._dynamo.explain(lambda x: model(x).sum())(torch.randn(4, 2, 16))
+    assert [str(b.reason) for b in explained.break_reasons] == []
+    assert explained.graph_count == 1

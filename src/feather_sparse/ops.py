@@ -368,17 +368,20 @@ def _scaled_grad(w: Tensor, t: Tensor, grad: Tensor, theta: float) -> Tensor:
     dtype = compute_dtype(torch.promote_types(w.dtype, t.dtype))
     t = t.to(dtype)
     th = torch.tensor(theta, dtype=dtype)  # 0-d on the CPU: a scalar operand on any device
+    low = float(theta)  # the same θ for the clamp, without reading th back (.item())
     g = grad.reshape(-1)
     flat = w.reshape(-1)
     n = flat.numel()
     out = torch.empty_like(g)
     if _one_block(w, n):
-        _grad_block(flat, g, t, th, out, torch.empty(n, dtype=dtype, device=w.device))
+        _grad_block(flat, g, t, th, out, torch.empty(n, dtype=dtype, device=w.device), low)
         return out.reshape(grad.shape)
     buf = torch.empty(BLOCK, dtype=dtype, device=w.device)
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
-        _grad_block(flat[start:stop], g[start:stop], t, th, out[start:stop], buf[: stop - start])
+        _grad_block(
+            flat[start:stop], g[start:stop], t, th, out[start:stop], buf[: stop - start], low
+        )
     return out.reshape(grad.shape)
 
 
@@ -394,19 +397,27 @@ def _grad_factor(w: Tensor, t: Tensor, theta: float, dtype: torch.dtype) -> Tens
     """
     w = w.detach()
     c = torch.empty(w.shape, dtype=dtype, device=w.device)
-    return _factor_into(w, t.detach(), torch.tensor(theta, dtype=dtype), c)
+    return _factor_into(w, t.detach(), torch.tensor(theta, dtype=dtype), c, float(theta))
 
 
-def _factor_into(w: Tensor, t: Tensor, theta: Tensor, c: Tensor) -> Tensor:
-    """Write the factor ``clamp(θ + 2·sign(|w| − T), θ, 1)`` into ``c`` and return it."""
+def _factor_into(w: Tensor, t: Tensor, theta: Tensor, c: Tensor, low: float) -> Tensor:
+    """Write the factor ``clamp(θ + 2·sign(|w| − T), θ, 1)`` into ``c`` and return it.
+
+    ``theta`` is θ as a 0-d tensor of ``c``'s dtype, ``low`` the same θ as a
+    Python float (the clamp rounds it to ``c``'s dtype, as ``theta`` was): no
+    ``.item()``, which ``torch.compile`` would break its graph at.
+    """
     a = torch.abs(w, out=c) if w.dtype == c.dtype else c.copy_(w).abs_()
     a.sub_(t).sign_()  # -1 pruned, 0 at the threshold (pruned), 1 kept
-    return torch.add(theta, a, alpha=2.0, out=a).clamp_(float(theta), 1.0)  # θ, θ, 1
+    return torch.add(theta, a, alpha=2.0, out=a).clamp_(low, 1.0)  # θ, θ, 1
 
 
-def _grad_block(w: Tensor, g: Tensor, t: Tensor, theta: Tensor, out: Tensor, c: Tensor) -> None:
+def _grad_block(
+    w: Tensor, g: Tensor, t: Tensor, theta: Tensor, out: Tensor, c: Tensor, low: float
+) -> None:
     """``out = g·c`` with the factor ``c`` of :func:`_scaled_grad` built in ``c``."""
-    torch.mul(g, _factor_into(w, t, theta, c), out=out)  # half gradients: in float32, rounded once
+    # half gradients: in float32, rounded once
+    torch.mul(g, _factor_into(w, t, theta, c, low), out=out)
 
 
 def threshold(
