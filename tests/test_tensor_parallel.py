@@ -27,6 +27,7 @@ from torch import Tensor, nn
 import feather_sparse as fs
 from _dist import launch
 from _guards import guard
+from _tp import step_against_one
 
 WORLD = 2
 STEPS = 4
@@ -68,16 +69,6 @@ def _batch(step: int) -> tuple[Tensor, Tensor]:
     return torch.randn(6, INPUTS, generator=gen), torch.randint(0, OUTPUTS, (6,), generator=gen)
 
 
-def _report(pruner: fs.Pruner) -> dict[str, Any]:
-    report = pruner.report()
-    return {
-        "achieved": pruner.sparsity_achieved(),
-        "sparsity": report.sparsity,
-        "layers": [(r.name, r.shape, r.params, r.sparsity) for r in report.layers],
-        "shown": [r.threshold for r in report.layers],
-    }
-
-
 def _train(kind: str) -> dict[str, Any]:
     """Tensor-parallel training, checked step by step against one process."""
     model = _parallelize(_mlp())
@@ -93,25 +84,8 @@ def _train(kind: str) -> dict[str, Any]:
         one.load_state_dict(before)
         x, y = _batch(step)
         out, out_one = model(x), reference(x)
-        opt.zero_grad()
-        reference.zero_grad()
-        nn.functional.cross_entropy(out, y).backward()
-        nn.functional.cross_entropy(out_one, y).backward()
-        record: dict[str, Any] = {
-            "out": out.detach().clone(),
-            "out_one": out_one.detach().clone(),
-            "grads": [w.grad.full_tensor() for w in pruner.weights()],  # type: ignore[union-attr]
-            "grads_one": [w.grad.clone() for w in one.weights()],  # type: ignore[union-attr]
-        }
-        opt.step()
-        pruner.step()
-        reference.load_state_dict(pruner.dense_state_dict(full=True))
-        one.load_state_dict(before)
-        one.step()
-        record["thresholds"] = [t.clone() for t in pruner.thresholds()]
-        record["thresholds_one"] = [t.clone() for t in one.thresholds()]
-        record["report"], record["report_one"] = _report(pruner), _report(one)
-        steps.append(record)
+        losses = (nn.functional.cross_entropy(out, y), nn.functional.cross_entropy(out_one, y))
+        steps.append(step_against_one(pruner, one, reference, before, opt, losses, (out, out_one)))
     exported = pruner.dense_state_dict(pruned=True, full=True)
     exported_one = one.dense_state_dict(pruned=True)
     achieved = pruner.finalize()

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 import feather_sparse as fs
 from _dist import launch
 from _guards import guard
+from _tp import step_against_one
 
 #: Per number of processes, the (dp, tp) meshes run on them.
 MESHES = {2: [(1, 2), (2, 1)], 4: [(2, 2)]}
@@ -94,16 +95,6 @@ def _batch(step: int, dp_rank: int, dp: int) -> tuple[Tensor, Tensor]:
     return (x, y), (x[part], y[part])  # type: ignore[return-value]
 
 
-def _report(pruner: fs.Pruner) -> dict[str, Any]:
-    report = pruner.report()
-    return {
-        "achieved": pruner.sparsity_achieved(),
-        "sparsity": report.sparsity,
-        "layers": [(r.name, r.shape, r.params, r.sparsity) for r in report.layers],
-        "shown": [r.threshold for r in report.layers],
-    }
-
-
 def _train(shape: tuple[int, int], kind: str) -> dict[str, Any]:
     """2-D training, checked step by step against one process."""
     mesh = _mesh(shape)
@@ -122,26 +113,11 @@ def _train(shape: tuple[int, int], kind: str) -> dict[str, Any]:
         one.load_state_dict(before)
         (x_all, y_all), (x, y) = _batch(step, dp_rank, shape[0])
         out, out_all = model(x), reference(x_all)
-        opt.zero_grad()
-        reference.zero_grad()
-        nn.functional.cross_entropy(out, y).backward()  # FSDP2 averages over dp
-        nn.functional.cross_entropy(out_all, y_all).backward()
+        # FSDP2 averages the gradients over dp: the mean over the whole batch
+        losses = (nn.functional.cross_entropy(out, y), nn.functional.cross_entropy(out_all, y_all))
         part = slice(dp_rank * BATCH, (dp_rank + 1) * BATCH)
-        record: dict[str, Any] = {
-            "out": out.detach().clone(),
-            "out_one": out_all[part].detach().clone(),
-            "grads": [w.grad.full_tensor() for w in pruner.weights()],  # type: ignore[union-attr]
-            "grads_one": [w.grad.clone() for w in one.weights()],  # type: ignore[union-attr]
-        }
-        opt.step()
-        pruner.step()
-        reference.load_state_dict(pruner.dense_state_dict(full=True))
-        one.load_state_dict(before)
-        one.step()
-        record["thresholds"] = [t.clone() for t in pruner.thresholds()]
-        record["thresholds_one"] = [t.clone() for t in one.thresholds()]
-        record["report"], record["report_one"] = _report(pruner), _report(one)
-        steps.append(record)
+        outs = (out, out_all[part])
+        steps.append(step_against_one(pruner, one, reference, before, opt, losses, outs))
     out = {
         "steps": steps,
         "placements": [tuple(map(repr, w.placements)) for w in pruner.weights()],  # type: ignore[attr-defined]
