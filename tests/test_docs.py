@@ -27,7 +27,13 @@ from _helpers import one_thread, script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
-DOCS_EXTRA = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python")
+DOCS_EXTRA = (
+    "mkdocs",
+    "material",
+    "mkdocstrings",
+    "mkdocstrings_handlers.python",
+    "griffe_inherited_docstrings",
+)
 
 
 def needs_docs_extra() -> None:

@@ -123,6 +123,14 @@ class Method:
         (``keep_first_dense=True``, ``beta_target=10``): they are merged into
         its config, ``{"name": ..., **options}``.
 
+        Args:
+            **kwargs: Pruner arguments and backbone options; ``None`` leaves
+                one to the method.
+
+        Returns:
+            The keyword arguments for :class:`~feather_sparse.pruner.Pruner`
+            (after ``model``, ``sparsity`` and ``total_steps``).
+
         Raises:
             ValueError: if an override contradicts what defines the method, or
                 backbone options come with a backbone object.
@@ -218,7 +226,17 @@ class Method:
         total_steps: int | None = None,
         **kwargs: Any,
     ) -> Pruner:
-        """A :class:`~feather_sparse.pruner.Pruner` for ``model`` running this method."""
+        """A :class:`~feather_sparse.pruner.Pruner` for ``model`` running this method.
+
+        Args:
+            model: the model to prune.
+            sparsity: final target sparsity (implied by ``pattern=`` for N:M).
+            total_steps: number of ``pruner.step()`` calls in the whole training.
+            **kwargs: as for :meth:`pruner_kwargs`.
+
+        Raises:
+            ValueError: if an argument contradicts what defines the method.
+        """
         return Pruner(model, sparsity, total_steps, **self.pruner_kwargs(**kwargs))
 
 
@@ -443,6 +461,9 @@ def check_method(config: TrainConfig) -> None:
     before a model exists: a registered method, an N:M method given its
     pattern, no field the method fixes set otherwise.
 
+    Args:
+        config: the run's ``TrainConfig``.
+
     Raises:
         ValueError: naming the field and the choices, or the contradiction.
     """
@@ -477,6 +498,9 @@ def pruner_config(config: TrainConfig) -> PrunerConfig:
     one-shot N:M's) or ``pattern`` is set (then the N:M default: the full
     pattern from the first step). With ``pattern``, the sparsity is the
     pattern's; an N:M method without ``pattern`` is an error.
+
+    Args:
+        config: the run's ``TrainConfig``.
 
     Raises:
         ValueError: for an unknown method (naming the field and the choices),

@@ -55,7 +55,13 @@ SWEEP_LOG = "sweep.jsonl"
 
 
 def machine_description(workers: int | None = None, threads: int | str | None = None) -> str:
-    """One line naming the hardware (and Python); the library versions are listed apart."""
+    """One line naming the hardware (and Python); the library versions are listed apart.
+
+    Args:
+        workers: runs trained in parallel (``None``: not mentioned).
+        threads: torch threads of each run, a number or a word such as
+            ``"default"`` (``None``: 1).
+    """
     parts = [
         f"Python {platform.python_version()}",
         f"{platform.system()} {platform.machine()}",
@@ -75,6 +81,10 @@ def finite_curve(label: str, points: Sequence[tuple[float, tuple[float, float]]]
 
     A cell without a value (no run, or only failed runs) has a NaN mean: it is
     left out, not drawn at 0.
+
+    Args:
+        label: the curve's legend label.
+        points: ``(x, (mean, std))`` per column.
     """
     kept = [(x, mean, std) for x, (mean, std) in points if math.isfinite(mean)]
     if not kept:
@@ -90,6 +100,12 @@ class Grid:
     A run that finished but whose metric is undefined (not finite, e.g. the
     flip rate of a run too short to have one) is not a failure: it is counted
     in ``undefined`` and shown as not measured (``n/a``).
+
+    Args:
+        pairs: the runs and their outcomes; a run's ``(group, x)`` is its cell.
+        metric: the value of a finished run.
+        rows: the rows, in order (runs of other groups are left out);
+            ``None``: every group, in order of appearance.
     """
 
     def __init__(
@@ -125,6 +141,12 @@ class Grid:
         self.cols.sort()
 
     def stat(self, row: str, col: float) -> tuple[float, float]:
+        """The ``(mean, std)`` over seeds of one cell (NaN mean: no value).
+
+        Args:
+            row: the row (a run's group).
+            col: the column (a run's x).
+        """
         return mean_std(self.values.get((row, col), []))
 
     def table(
@@ -134,7 +156,15 @@ class Grid:
         fmt: str = "{:.2f}",
         best: str | None = "max",
     ) -> str:
-        """A Markdown table of mean ± std; the best mean per column in bold."""
+        """A Markdown table of mean ± std; the best mean per column in bold.
+
+        Args:
+            row_title: the first column's title.
+            col_label: a column's title from its value.
+            fmt: the number format of the means and standard deviations.
+            best: ``"max"`` or ``"min"``: which mean per column is the best;
+                ``None``: none in bold.
+        """
         lines = [
             f"| {row_title} | " + " | ".join(col_label(c) for c in self.cols) + " |",
             "|---|" + "---:|" * len(self.cols),
@@ -227,12 +257,21 @@ class Grid:
 
 
 def pct(x: float) -> str:
-    """A fraction as a column label: ``0.95`` -> ``"95 %"``."""
+    """A fraction as a column label: ``0.95`` -> ``"95 %"``.
+
+    Args:
+        x: the fraction.
+    """
     return f"{100 * x:g} %"
 
 
 def img(path: Path, alt: str) -> str:
-    """A Markdown image line for a figure written beside the page."""
+    """A Markdown image line for a figure written beside the page.
+
+    Args:
+        path: the figure's file (the line names it relative to the page).
+        alt: the image's alternative text.
+    """
     return f"![{alt}]({path.name})\n"
 
 
@@ -250,7 +289,19 @@ def paired_caption(reference: str, unit: str = "points of top-1 accuracy") -> st
 # ======================================================================= pages
 @dataclass(frozen=True)
 class Context:
-    """What a summary needs: the options, the runs and their outcomes, where to write."""
+    """What a summary needs: the options, the runs and their outcomes, where to write.
+
+    Attributes:
+        name: the experiment's name (the page is ``OUT/<name>.md``).
+        opts: the options it ran with.
+        pairs: every run of the page and its outcome.
+        executed: runs this command trained on its own for the page.
+        elapsed: this command's wall time for the page's runs, in seconds.
+        workers: runs trained in parallel.
+        pool: ``(runs trained, seconds)`` of the pool that trained the runs of
+            several experiments (``bench all``), or ``None``.
+        pooled: the page's runs that pool trained.
+    """
 
     name: str
     opts: BenchOptions
@@ -263,12 +314,23 @@ class Context:
 
     @property
     def out(self) -> Path:
+        """The results folder the page is written to."""
         return self.opts.out
 
     def figure(self, suffix: str) -> Path:
+        """The path of one of the page's figures: ``OUT/<name>-<suffix>.png``.
+
+        Args:
+            suffix: what tells the figure from the page's others.
+        """
         return self.out / f"{self.name}-{suffix}.png"
 
     def of_group(self, group: str) -> list[tuple[RunSpec, RunOutcome]]:
+        """The runs of one group (a row or line) and their outcomes.
+
+        Args:
+            group: the group's name.
+        """
         return [(s, o) for s, o in self.pairs if s.group == group]
 
 
@@ -490,7 +552,13 @@ def read_sessions(out: Path) -> list[dict[str, Any]]:
 
 
 def write_page(ctx: Context, title: str, body: str) -> Path:
-    """Write ``OUT/<name>.md`` (title, body, footer) and ``OUT/<name>.json``; return the page."""
+    """Write ``OUT/<name>.md`` (title, body, footer) and ``OUT/<name>.json``; return the page.
+
+    Args:
+        ctx: the experiment's runs and options.
+        title: the page's title.
+        body: the experiment's Markdown (tables, figures) above the footer.
+    """
     ctx.out.mkdir(parents=True, exist_ok=True)
     page = ctx.out / f"{ctx.name}.md"
     page.write_text(f"# {title}\n\n{body.rstrip()}\n{_footer(ctx)}")

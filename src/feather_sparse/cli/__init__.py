@@ -69,6 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     Output piped into a reader that stops early (``feather-sparse inspect FILE |
     head``) ends the command quietly with :data:`BROKEN_PIPE_EXIT_CODE`, as
     other Unix tools end, instead of an error message.
+
+    Args:
+        argv: the command-line arguments after the program name (``None``:
+            ``sys.argv[1:]``).
     """
     try:
         try:

@@ -69,7 +69,12 @@ def _takers(field: str) -> str:
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
-    """``feather-sparse bench NAME``: the experiment, the scale, where results go."""
+    """``feather-sparse bench NAME``: the experiment, the scale, where results go.
+
+    Args:
+        command: the command's name, as :data:`feather_sparse.cli.COMMANDS` registers it.
+        parser: the command's subparser, to add the arguments to.
+    """
     parser.description = (
         "Reproduce the paper's tables and figures: each experiment trains a grid of runs and "
         "writes a Markdown table (mean ± std over seeds, best per column in bold) and PNG plots. "
@@ -305,6 +310,9 @@ def _grid_fit(
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
     """The :class:`BenchOptions` of a parsed ``bench`` command line.
 
+    Args:
+        args: the parsed command line.
+
     Raises:
         ValueError: for a flag that the command would accept and then ignore
             (see :func:`_refuse_ignored` and :func:`_grid_fit`), or a bad value.
@@ -419,7 +427,15 @@ def _announce(names: list[str], opts: BenchOptions) -> None:
 
 
 def run(command: str, args: argparse.Namespace) -> int:
-    """Run ``feather-sparse bench``; prints one line per finished run and the pages written."""
+    """Run ``feather-sparse bench``; prints one line per finished run and the pages written.
+
+    Args:
+        command: ``"bench"``.
+        args: the parsed command line.
+
+    Returns:
+        The process exit code (130 when Ctrl-C stopped it).
+    """
     opts = options_from_args(args)
     if args.experiment == "claims":
         argv = ["feather-sparse", "bench", "claims"]

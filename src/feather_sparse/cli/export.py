@@ -31,7 +31,12 @@ from feather_sparse.export.run import (
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``feather-sparse export`` and ``feather-sparse inspect``."""
+    """Arguments of ``feather-sparse export`` and ``feather-sparse inspect``.
+
+    Args:
+        command: ``"export"`` or ``"inspect"``: which command's arguments to add.
+        parser: the command's subparser, to add the arguments to.
+    """
     if command == "inspect":
         parser.add_argument("file", type=Path, help="a sparse checkpoint (.fsp)")
         return
@@ -140,6 +145,10 @@ def run(command: str, args: argparse.Namespace) -> int:
 
     Errors (bad input, a damaged file, a full disk) propagate as exceptions;
     :func:`feather_sparse.cli.main` prints them in one line.
+
+    Args:
+        command: ``"export"`` or ``"inspect"``.
+        args: the parsed command line.
     """
     if command == "inspect":
         print(format_info(inspect_sparse(args.file)))

@@ -44,7 +44,12 @@ INTERRUPTED_EXIT_CODE = 130
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
-    """``feather-sparse train``: a recipe, then any field overridden by a flag of its name."""
+    """``feather-sparse train``: a recipe, then any field overridden by a flag of its name.
+
+    Args:
+        command: the command's name, as :data:`feather_sparse.cli.COMMANDS` registers it.
+        parser: the command's subparser, to add the arguments to.
+    """
     parser.description = (
         "Train a model with Feather sparsity (the paper's method) or dense. With no arguments: "
         f"the {DEFAULT_RECIPE!r} recipe. Every recipe field has a flag (--epochs 5, "
@@ -219,6 +224,9 @@ def config_toml(config: TrainConfig) -> str:
     Every field is written, so the file does not depend on defaults; an unset
     field (``None``, which TOML cannot write) is a comment, and unset is the
     default of every field that can be unset.
+
+    Args:
+        config: the resolved training config.
     """
     lines = [
         "# feather-sparse train --print-config: every field of the resolved config.",
@@ -269,6 +277,10 @@ def run(command: str, args: argparse.Namespace) -> int:
     Ctrl-C prints where the run stopped and how to continue it (exit code
     130); other errors propagate, and :func:`feather_sparse.cli.main` prints
     them in one line.
+
+    Args:
+        command: ``"train"``.
+        args: the parsed command line.
     """
     try:
         return _run(command, args)

@@ -99,7 +99,14 @@ def _f(default: Any, help: str, choices: Registry[Any] | None = None) -> Any:
 
 
 def field_help(f: dataclasses.Field[Any]) -> str:
-    """The help text of a :class:`TrainConfig` field, with the registered choices filled in."""
+    """The help text of a :class:`TrainConfig` field, with the registered choices filled in.
+
+    This text is the field's description: ``feather-sparse train --help``
+    shows it beside the field's flag.
+
+    Args:
+        f: one of :func:`config_fields`.
+    """
     text = str(f.metadata.get("help", ""))
     registry = f.metadata.get("choices")
     return text if registry is None else text.replace("{choices}", ", ".join(registry.names()))
@@ -112,6 +119,10 @@ class TrainConfig:
     Fields are grouped as in the recipe files. Where the run is written, and
     whether it resumes, are arguments of ``train()``, not config. The defaults
     are neutral settings; the recipes set the rest.
+
+    Each field is described once, by its ``help`` metadata: :func:`field_help`
+    reads it, ``feather-sparse train --help`` shows it beside the field's flag,
+    and the training guide (``docs/training.md``) lists the fields by group.
     """
 
     # --- what -------------------------------------------------------------
@@ -307,6 +318,10 @@ class TrainConfig:
         arguments: its name is used, and its kwargs (without ``num_classes``,
         which comes from the data set) when ``model_kwargs`` is not given.
 
+        Args:
+            values: field name -> value; values are checked and converted like
+                command-line strings (a field left out takes its default).
+
         Raises:
             ValueError: for an unknown key (with suggestions) or a bad value.
         """
@@ -333,6 +348,12 @@ class TrainConfig:
         unset: for Feather that is the same setting, and for every other method
         the three together contradict it, so no valid newer record holds them.
         Use :meth:`from_dict` for configs a person wrote.
+
+        Args:
+            values: the recorded field values.
+
+        Raises:
+            ValueError: as :meth:`from_dict`.
         """
         values = dict(values)
         if all(values.get(k) == v for k, v in _LEGACY_METHOD_DEFAULTS.items()):
@@ -340,12 +361,23 @@ class TrainConfig:
         return cls.from_dict(values)
 
     def replace(self, **overrides: Any) -> TrainConfig:
-        """A copy with ``overrides`` applied (checked like any other value)."""
+        """A copy with ``overrides`` applied (checked like any other value).
+
+        Args:
+            **overrides: field name -> new value.
+
+        Raises:
+            ValueError: for an unknown field (with suggestions) or a bad value.
+        """
         _check_keys(overrides)
         return dataclasses.replace(self, **overrides)
 
     def diff(self, other: TrainConfig) -> dict[str, tuple[Any, Any]]:
-        """``{field: (self's value, other's value)}`` for the fields that differ."""
+        """``{field: (self's value, other's value)}`` for the fields that differ.
+
+        Args:
+            other: the config to compare with.
+        """
         mine, theirs = self.to_dict(), other.to_dict()
         return {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
 
@@ -495,6 +527,12 @@ def parse_override(text: str) -> tuple[str, str]:
 
     Dashes in the key are read as underscores (``--set batch-size=64``).
 
+    Args:
+        text: the override as given, ``key=value``.
+
+    Returns:
+        ``(key, value)``, the value still a string, stripped.
+
     Raises:
         ValueError: if there is no ``=`` or no key.
     """
@@ -539,6 +577,11 @@ def list_recipes() -> list[str]:
 def recipe_path(recipe: str | Path) -> Path:
     """The TOML file of a bundled recipe name, or ``recipe`` itself if it is a file.
 
+    Args:
+        recipe: a bundled recipe name (:func:`list_recipes`), or the path of a
+            ``.toml`` file (a name with a ``.toml`` suffix or a folder part is
+            read as a path).
+
     Raises:
         ValueError: for an unknown name (listing the bundled ones).
         FileNotFoundError: for a path that does not exist.
@@ -564,6 +607,9 @@ def load_recipe(recipe: str | Path = DEFAULT_RECIPE) -> dict[str, Any]:
     """The raw field values of a recipe (a bundled name or a TOML path).
 
     The recipe's name (``recipe`` field) defaults to the file's stem.
+
+    Args:
+        recipe: a bundled recipe name (:func:`list_recipes`) or a TOML path.
 
     Raises:
         ValueError: for an unknown recipe, invalid TOML, or an unknown key.

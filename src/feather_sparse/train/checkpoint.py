@@ -215,6 +215,11 @@ def resume_config(
     Nothing is logged here: when ``last.pt`` is damaged, the resume itself
     says that it falls back to ``prev.pt``.
 
+    Args:
+        run_dir: the run folder (as ``train(..., run_dir=...)`` wrote it).
+        overrides: field values that replace the saved config's (checked
+            like any other value).
+
     Raises:
         FileNotFoundError: when the folder holds no checkpoint (and no finished run).
         ValueError: for an unknown field or bad value in ``overrides``, when no

@@ -114,6 +114,10 @@ def init_distributed(device: str = "auto") -> bool:
     exists already. The backend is ``nccl`` when ``device`` resolves to CUDA
     (each process then uses GPU ``LOCAL_RANK``), else ``gloo``.
 
+    Args:
+        device: the run's device setting (``TrainConfig.device``), which
+            picks the backend.
+
     Returns:
         Whether this call initialised the group (the caller then destroys it).
     """
@@ -131,6 +135,9 @@ def init_distributed(device: str = "auto") -> bool:
 
 def resolve_device(name: str) -> torch.device:
     """``"auto"`` is CUDA when available, else CPU; anything else must exist.
+
+    Args:
+        name: ``"auto"`` or a torch device string (``"cpu"``, ``"cuda:1"``, ``"mps"``).
 
     Raises:
         ValueError: when CUDA (or MPS) is asked for but not available.

@@ -99,6 +99,20 @@ def evaluate(
 
     Parametrized (pruned) weights are computed once for the whole pass, and
     the sums are added over processes when there are several.
+
+    Args:
+        model: the model to test (put in eval mode).
+        loader: yields ``(inputs, targets)`` batches on the model's device.
+        autocast: makes the context each forward pass runs in (mixed
+            precision); ``None``: none.
+        ctx: this process's place among data-parallel processes; ``None``:
+            one process.
+
+    Returns:
+        ``(mean loss, accuracy)`` over all the samples of every process.
+
+    Raises:
+        ValueError: when the loader yields no samples.
     """
     ctx = ctx or DistContext()
     model.eval()

@@ -42,7 +42,17 @@ def _param_groups(
 def build_optimizer(
     config: TrainConfig, model: nn.Module, pruner: Any | None = None
 ) -> torch.optim.Optimizer:
-    """SGD (momentum, optional Nesterov) or AdamW (β1 = momentum) over the model and pruner."""
+    """SGD (momentum, optional Nesterov) or AdamW (β1 = momentum) over the model and pruner.
+
+    Args:
+        config: the run's config (``optimizer``, ``lr``, ``momentum``,
+            ``nesterov``, ``weight_decay``).
+        model: the model whose parameters it trains; weight decay applies to
+            its weights, not to its norm parameters and biases (1-D).
+        pruner: a Pruner whose own parameters (ASL+ thresholds) it trains
+            too, without weight decay and at the learning rate scaled by
+            ``ASL_LR_SCALE``; ``None``: none.
+    """
     # ASL trains its thresholds at lr/100 (ASL_LR_SCALE).
     groups = _param_groups(model, pruner, config.weight_decay, config.lr * ASL_LR_SCALE)
     if config.optimizer == "sgd":
@@ -68,6 +78,13 @@ def lr_factor(
     2. ``"cosine"``: from 1 down to ``min_ratio`` over the remaining steps,
        ``min_ratio + (1 - min_ratio)·(1 + cos(π·progress))/2``;
        ``"constant"``: 1.
+
+    Args:
+        step: the iteration, from 0.
+        total_steps: iterations in the whole training.
+        warmup_steps: iterations of the linear warm-up.
+        schedule: ``"cosine"`` or ``"constant"`` after the warm-up.
+        min_ratio: the cosine schedule's final rate as a fraction of the peak.
     """
     if step < warmup_steps:
         return (step + 1) / warmup_steps
@@ -80,7 +97,14 @@ def lr_factor(
 def build_lr_scheduler(
     config: TrainConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A ``LambdaLR`` stepped every iteration with :func:`lr_factor`."""
+    """A ``LambdaLR`` stepped every iteration with :func:`lr_factor`.
+
+    Args:
+        config: the run's config (``epochs``, ``lr``, ``min_lr``,
+            ``warmup_epochs``, ``lr_schedule``).
+        optimizer: the optimizer whose learning rates it sets.
+        steps_per_epoch: iterations in one epoch.
+    """
     total = config.epochs * steps_per_epoch
     warmup = round(config.warmup_epochs * steps_per_epoch)
     min_ratio = config.min_lr / config.lr

@@ -53,7 +53,15 @@ DEFAULT_RUNS_ROOT = Path("runs")
 
 
 def default_run_dir(config: TrainConfig, root: str | os.PathLike[str] = DEFAULT_RUNS_ROOT) -> Path:
-    """``root/<recipe>-<method>-s<sparsity>-<YYYYmmdd-HHMMSS>`` (method ``dense`` when dense)."""
+    """``root/<recipe>-<method>-s<sparsity>-<YYYYmmdd-HHMMSS>`` (method ``dense`` when dense).
+
+    A folder of that name that exists already gets a ``-2``, ``-3``, ...
+    suffix; nothing is created.
+
+    Args:
+        config: the run's config (``recipe``, ``method``, ``sparsity``, ``dense``).
+        root: the folder the run folders go in.
+    """
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     sparsity = "0" if config.dense else f"{config.sparsity:g}"
     base = Path(root) / f"{config.recipe}-{config.run_method}-s{sparsity}-{stamp}"
@@ -82,6 +90,9 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
 
 def read_run_info(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """A run folder's ``config.json``, its checksum verified.
+
+    Args:
+        run_dir: the run folder.
 
     Raises:
         IntegrityError: the file was changed or damaged since the run wrote it.
