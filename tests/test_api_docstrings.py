@@ -66,51 +66,7 @@ OPTIONAL = ("transformers", "lightning", "pytorch_lightning", "onnx", "matplotli
 # Known failures in files other changes are editing right now, by (qualified name, check);
 # the check is one of CHECKS. Fix the docstring, then remove the entry (a test insists).
 PARALLEL = "being edited in parallel; fix after"
-ALLOWED: dict[tuple[str, str], str] = {
-    # distributed.py
-    ("feather_sparse.distributed.all_reduce_max", "args"): PARALLEL,
-    ("feather_sparse.distributed.all_reduce_sum", "args"): PARALLEL,
-    ("feather_sparse.distributed.check_unsharded", "args"): PARALLEL,
-    ("feather_sparse.distributed.common_shard_group", "args"): PARALLEL,
-    ("feather_sparse.distributed.common_shard_group", "summary"): PARALLEL,
-    ("feather_sparse.distributed.ddp_reducer_indices", "args"): PARALLEL,
-    ("feather_sparse.distributed.ddp_reducer_indices", "summary"): PARALLEL,
-    ("feather_sparse.distributed.fsdp_managed", "args"): PARALLEL,
-    ("feather_sparse.distributed.local_weights", "args"): PARALLEL,
-    ("feather_sparse.distributed.on_local_shard", "args"): PARALLEL,
-    ("feather_sparse.distributed.reconnect_ddp", "args"): PARALLEL,
-    ("feather_sparse.distributed.refuse_sharded_model", "args"): PARALLEL,
-    ("feather_sparse.distributed.shard_cuts", "args"): PARALLEL,
-    ("feather_sparse.distributed.shard_group", "args"): PARALLEL,
-    ("feather_sparse.distributed.shard_like", "args"): PARALLEL,
-    ("feather_sparse.distributed.to_local", "args"): PARALLEL,
-    ("feather_sparse.distributed.whole_on_first", "args"): PARALLEL,
-    # nm/backbone.py
-    ("feather_sparse.nm.backbone.NMBackbone.check_final", "args"): PARALLEL,
-    ("feather_sparse.nm.backbone.NMBackbone.check_shard", "args"): PARALLEL,
-    ("feather_sparse.nm.backbone.NMBackbone.check_shard", "summary"): PARALLEL,
-    ("feather_sparse.nm.backbone.NMBackbone.keep_mask", "args"): PARALLEL,
-    ("feather_sparse.nm.backbone.NMBackbone.load_state_dict", "args"): PARALLEL,
-    ("feather_sparse.nm.backbone.NMBackbone.pruned_mask", "args"): PARALLEL,
-    ("feather_sparse.nm.backbone.NMBackbone.pruned_mask", "summary"): PARALLEL,
-    ("feather_sparse.nm.backbone.NMBackbone.report_threshold", "args"): PARALLEL,
-    ("feather_sparse.nm.backbone.NMBackbone.report_thresholds", "args"): PARALLEL,
-    ("feather_sparse.nm.backbone.NMBackbone.report_thresholds", "summary"): PARALLEL,
-    ("feather_sparse.nm.backbone.NMBackbone.splits_groups", "args"): PARALLEL,
-    ("feather_sparse.nm.backbone.NMSettings", "args"): PARALLEL,
-    ("feather_sparse.nm.backbone.nm_settings", "args"): PARALLEL,
-    # plain_keys.py
-    ("feather_sparse.plain_keys.Removable.remove", "summary"): PARALLEL,
-    # pruner.py
-    ("feather_sparse.pruner.LayerReport", "args"): PARALLEL,
-    # the settings are described once, on PrunerConfig: say so in Args, or describe them
-    ("feather_sparse.pruner.Pruner", "args"): PARALLEL,
-    ("feather_sparse.pruner.Pruner.finalize", "args"): PARALLEL,
-    ("feather_sparse.pruner.Pruner.load_state_dict", "args"): PARALLEL,
-    ("feather_sparse.pruner.Pruner.scheduled_sparsity", "args"): PARALLEL,
-    ("feather_sparse.pruner.Pruner.update", "args"): PARALLEL,
-    ("feather_sparse.pruner.PrunerReport", "args"): PARALLEL,
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 # Fewer Raises: names decided than this means the search stopped working
 # (measured: see test_raises_sections_name_exceptions_the_code_raises).

@@ -77,7 +77,11 @@ def dtensor_type() -> type | None:
 
 
 def to_local(w: Any) -> Tensor:
-    """A DTensor's local shard (a plain tensor view, no communication)."""
+    """A DTensor's local shard (a plain tensor view, no communication).
+
+    Args:
+        w: the DTensor.
+    """
     local: Tensor = w.to_local()
     return local
 
@@ -102,6 +106,10 @@ def shard_like(value: Any, like: Tensor) -> Any:
     ``value`` comes back as it is when ``like`` is not a DTensor, or ``value``
     is not a plain tensor of ``like``'s whole shape (a DTensor already, a
     shard, a wrong shape: loading reports it).
+
+    Args:
+        value: the whole tensor (every rank's own copy), or anything else.
+        like: the weight it is loaded into; its mesh and placements give the layout.
     """
     dtensor = dtensor_type()
     if (
@@ -120,7 +128,13 @@ def shard_like(value: Any, like: Tensor) -> Any:
 
 
 def on_local_shard(fn: Callable[[Tensor], Tensor], w: Tensor) -> Tensor:
-    """``fn(w)`` for an elementwise ``fn``; a DTensor's shards are mapped where they lie."""
+    """``fn(w)`` for an elementwise ``fn``; a DTensor's shards are mapped where they lie.
+
+    Args:
+        fn: an elementwise function of a plain tensor.
+        w: a plain tensor or a DTensor (``fn`` then runs on its local shard, no
+            communication).
+    """
     dtensor = dtensor_type()
     if dtensor is None or not isinstance(w, dtensor):
         return fn(w)
@@ -141,6 +155,9 @@ def shard_cuts(w: Any) -> dict[int, list[int]] | None:
     (a dimension sharded on several mesh dimensions is chunked in mesh order).
     None for a placement laid out otherwise (FSDP2's ``_StridedShard`` under
     tensor parallelism): the caller must then assume any cut.
+
+    Args:
+        w: the DTensor.
     """
     from torch.distributed.tensor import Shard
 
@@ -169,6 +186,10 @@ def whole_on_first(w: Any, group: ProcessGroup | None) -> Tensor:
     (``full_tensor``, a collective over its mesh), and only the group's rank 0
     keeps it, so that a sum over the group counts each weight once. The empty
     part keeps the weight's other dimensions (``whole[:0]``).
+
+    Args:
+        w: the DTensor (every rank of its mesh calls this).
+        group: the group that counts it; None: the whole weight on every rank.
     """
     whole = full_tensor(w.detach())
     if group is None:
@@ -221,6 +242,9 @@ def shard_group(w: Any) -> ProcessGroup | None:
     sharded on ``mesh["tp"]``): the group of the mesh flattened over them,
     whose ranks together hold each weight once.
 
+    Args:
+        w: the DTensor.
+
     Raises:
         ValueError: for several dimensions of a mesh without dimension names.
     """
@@ -234,13 +258,16 @@ def shard_group(w: Any) -> ProcessGroup | None:
 
 
 def common_shard_group(weights: Sequence[Any]) -> ProcessGroup | None:
-    """The group to select over: the one the sharded ``weights`` are sharded over
-    that holds the others' ranks (None: none is sharded).
+    """The group to select over: the widest one the ``weights`` are sharded over.
 
+    That group holds the ranks of all the others (None: no weight is sharded).
     On a 2-D mesh the weights that tensor parallelism shards are sharded over
     ``dp`` and ``tp`` together, and those it leaves whole over ``dp`` alone:
     the ``dp``×``tp`` group holds both (each weight is then counted once,
     see :func:`local_weights`).
+
+    Args:
+        weights: the prunable weights (DTensors).
 
     Raises:
         ValueError: if no group holds all the others' ranks.
@@ -304,8 +331,17 @@ def local_weights(
     replicated among sharded ones, a layer tensor parallelism leaves whole on
     a 2-D mesh) is counted on one rank per shard (:func:`_counted_here`; an
     empty view elsewhere).
-    ``gather`` marks the sharded weights to gather whole instead (a collective;
-    see :func:`whole_on_first`): the same marks on every rank.
+
+    Args:
+        weights: the prunable weights: plain tensors or DTensors.
+        process_group: the group to select over; None: the one the DTensors are
+            sharded over (:func:`common_shard_group`).
+        gather: per weight, whether to gather a sharded one whole instead (a
+            collective; see :func:`whole_on_first`): the same marks on every
+            rank. None: gather none.
+
+    Returns:
+        This rank's part of each weight, and the group (None: nothing sharded).
     """
     detached = [w.detach() for w in weights]
     dtensor = dtensor_type()
@@ -334,7 +370,12 @@ def local_weights(
 
 # ------------------------------------------------------------------ reductions
 def all_reduce_sum(values: Tensor, group: ProcessGroup | None) -> Tensor:
-    """Elementwise sum over ``group``, in place; ``values`` unchanged when ``group`` is None."""
+    """Elementwise sum over ``group``, in place; ``values`` unchanged when ``group`` is None.
+
+    Args:
+        values: this rank's values (summed in place).
+        group: the process group to sum over; None: one process, nothing to sum.
+    """
     if group is not None:
         import torch.distributed as dist
 
@@ -343,7 +384,16 @@ def all_reduce_sum(values: Tensor, group: ProcessGroup | None) -> Tensor:
 
 
 def all_reduce_max(maxima: Tensor, group: ProcessGroup) -> Tensor:
-    """Elementwise max over the group, keeping NaN (a max reduction may drop it)."""
+    """Elementwise max over the group, keeping NaN (a max reduction may drop it).
+
+    Args:
+        maxima: this rank's values.
+        group: the process group to reduce over.
+
+    Returns:
+        The elementwise maximum over the group, NaN where any rank had a
+        non-finite value.
+    """
     import torch.distributed as dist
 
     finite = torch.isfinite(maxima)
@@ -354,7 +404,12 @@ def all_reduce_max(maxima: Tensor, group: ProcessGroup) -> Tensor:
 
 # ------------------------------------------------------------------------ FSDP2
 def fsdp_managed(model: nn.Module, weights: Sequence[Tensor]) -> bool:
-    """Whether FSDP2 (``fully_shard``) has sharded any of ``weights`` (the prunable ones)."""
+    """Whether FSDP2 (``fully_shard``) has sharded any of ``weights`` (the prunable ones).
+
+    Args:
+        model: the model the weights belong to.
+        weights: its prunable weights.
+    """
     dtensor = dtensor_type()
     if dtensor is None or not any(isinstance(w, dtensor) for w in weights):
         return False
@@ -367,6 +422,10 @@ def fsdp_managed(model: nn.Module, weights: Sequence[Tensor]) -> bool:
 
 def refuse_sharded_model(model: nn.Module, weights: Sequence[Tensor]) -> None:
     """Raise if FSDP2 sharded the weights before the Pruner could attach.
+
+    Args:
+        model: the model the Pruner attaches to.
+        weights: its prunable weights.
 
     Raises:
         ValueError: naming the order that works (attach, then ``fully_shard``).
@@ -381,6 +440,11 @@ def refuse_sharded_model(model: nn.Module, weights: Sequence[Tensor]) -> None:
 
 def check_unsharded(model: nn.Module, weights: Sequence[Tensor], what: str) -> None:
     """Raise if ``what`` (``"finalize"``, ``"remove"``) meets FSDP2-sharded weights.
+
+    Args:
+        model: the model the Pruner is attached to.
+        weights: its prunable weights.
+        what: the name of the operation, for the message.
 
     Raises:
         RuntimeError: naming the way out (``dense_state_dict`` into an unsharded copy).
@@ -428,13 +492,16 @@ def _enclosing_modules(model: nn.Module, depth: int = 4) -> list[nn.Module]:
 
 
 def ddp_reducer_indices(model: nn.Module) -> DDPIndices:
-    """Per ``DistributedDataParallel`` inside or around ``model``: where each parameter
-    sits in its reducer.
+    """Where each parameter sits in the reducer of every DDP wrapper in or around ``model``.
 
+    One entry per ``DistributedDataParallel`` inside or around ``model``.
     Needed when the Pruner is attached *after* DDP wrapping (see
     :func:`reconnect_ddp`): to the wrapper, or to the module inside it (what a
     framework's callback is given); taken before attaching, in DDP's own order
     (the trainable, non-ignored parameters, in ``named_parameters`` order).
+
+    Args:
+        model: the model, or the DDP wrapper around it.
 
     Raises:
         ValueError: for DDP options under which the reconnection is not sound.
@@ -485,6 +552,11 @@ def reconnect_ddp(indices: DDPIndices, params: Sequence[Tensor]) -> None:
     (``register_post_accumulate_grad_hook``) survive such resets; each tells
     the reducer that the weight's gradient is ready, as DDP does for its own
     mixed-precision parameters.
+
+    Args:
+        indices: what :func:`ddp_reducer_indices` found before the parametrization
+            was attached.
+        params: the weights the parametrization re-set.
     """
     for ddp, index in indices:
         for p in params:

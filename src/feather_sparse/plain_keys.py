@@ -77,7 +77,9 @@ SHARDED_MISSING = (
 class Removable(Protocol):
     """What :func:`install` returns: a hook or attribute to take off again."""
 
-    def remove(self) -> None: ...
+    def remove(self) -> None:
+        """Take the hook or attribute off again; a second call does nothing."""
+        ...
 
 
 def _save_hook(

@@ -180,7 +180,18 @@ class FeatherParametrization(nn.Module):
 
 @dataclass(frozen=True)
 class LayerReport:
-    """One prunable tensor's state."""
+    """One prunable tensor's state, a row of :class:`PrunerReport`.
+
+    Attributes:
+        name: the module's qualified name in the model.
+        shape: the weight's shape.
+        params: its number of weights.
+        threshold: the threshold the backbone shows for it (N:M: the mean group
+            threshold ``r·T_g``).
+        sparsity: the fraction of its weights the forward zeroes (after
+            ``finalize``: of exact zeros).
+        collapsed: every weight pruned: the layer outputs only its bias.
+    """
 
     name: str
     shape: tuple[int, ...]
@@ -192,7 +203,18 @@ class LayerReport:
 
 @dataclass(frozen=True)
 class PrunerReport:
-    """Per-layer rows and totals, as returned by :meth:`Pruner.report`."""
+    """Per-layer rows and totals, as returned by :meth:`Pruner.report`.
+
+    Attributes:
+        step: the Pruner's step count.
+        target_sparsity: the final target ``S``.
+        scheduled_sparsity: the sparsity the thresholds in force were computed
+            at (the last update's, or the one finalized at).
+        sparsity: the fraction of all prunable weights the forward zeroes.
+        params: the number of prunable weights.
+        layers: one row per prunable tensor.
+        pattern: the N:M pattern (``"2:4"``), or None for unstructured pruning.
+    """
 
     step: int
     target_sparsity: float
@@ -515,13 +537,40 @@ def _tied(
 class Pruner:
     """Prune a model to an unstructured sparsity during training, with Feather.
 
+    The settings (every argument but ``model``, ``total_steps`` and
+    ``process_group``) are documented in full once, as the fields of the same
+    names of :class:`~feather_sparse.pruner_config.PrunerConfig`; the lines
+    below sum them up. They make a ``PrunerConfig``, which checks them; it is
+    kept as ``pruner.pruner_config``, and :meth:`from_config` takes one
+    directly.
+
     Args:
         model: any ``nn.Module``; its prunable weights get a parametrization,
             nothing else changes (the modules, their forward, the parameters the
             optimizer holds).
+        sparsity: final target sparsity ``S`` in ``[0, 1)``; required unless
+            ``pattern`` implies it.
         total_steps: number of :meth:`step` calls in the whole training
             (``epochs × batches per epoch``); the schedule is laid out on it.
             May be left out with an N:M ``pattern`` applied from the first step.
+        operator: ``"feather"`` (default), ``"soft"``, ``"hard"``, another
+            registered name, or an :class:`~feather_sparse.ops.Operator`.
+        p: the operator's power in ``[1, inf]``, overriding ``operator``'s.
+        theta: gradient scale ``θ`` of the pruned weights in ``[0, 1]``, or
+            ``"auto"`` (the paper's rule).
+        backbone: how thresholds are chosen: ``"global"`` (default), another
+            registered name, ``{"name": ..., **options}``, or a
+            :class:`~feather_sparse.backbones.Backbone`.
+        schedule: the sparsity requested at each step (default: cubic from 0
+            to ``S`` over the first half of training; with a ``pattern``, the
+            full pattern from the first step).
+        update_every: recompute the thresholds every this many steps.
+        include: layer types, module names or ``"re:"`` patterns to prune.
+        exclude: module names or ``"re:"`` patterns never to prune.
+        min_params: skip weights with fewer elements.
+        max_layer_sparsity: cap on each layer's sparsity (None: no cap).
+        theta_rule: the boundary of ``theta="auto"``: ``"paper"`` or ``"released"``.
+        check_finite: raise at :meth:`step` if a weight holds NaN or inf.
         process_group: for *sharded* weights only — the ``torch.distributed``
             group the prunable weights are sharded over. When the weights are
             DTensors (FSDP2 ``fully_shard``) each rank selects
@@ -532,14 +581,8 @@ class Pruner:
             tensor parallelism, the group spanning them, made once).
             Plain (replicated) weights, as under DDP, never use it: every rank
             computes the identical threshold locally, with no communication.
-
-    The other arguments are the settings (``sparsity``, ``operator``, ``p``,
-    ``theta``, ``theta_rule``, ``backbone``, ``schedule``, ``update_every``,
-    ``include``, ``exclude``, ``min_params``, ``max_layer_sparsity``,
-    ``check_finite``, ``pattern``): each is documented once, as the field of
-    the same name of :class:`~feather_sparse.pruner_config.PrunerConfig`.
-    They make a ``PrunerConfig``, which checks them; it is kept as
-    ``pruner.pruner_config``, and :meth:`from_config` takes one directly.
+        pattern: ``"N:M"`` (``"2:4"``, ``"4:8"``, …) for N:M sparsity, or None
+            (unstructured).
 
     Raises:
         ValueError: for invalid arguments, a model with no prunable layer, a
@@ -753,7 +796,14 @@ class Pruner:
         return self._step
 
     def scheduled_sparsity(self, step: int | None = None) -> float:
-        """The sparsity the schedule requests at ``step`` (default: the current step)."""
+        """The sparsity the schedule requests at ``step``.
+
+        Args:
+            step: the step to ask about; None: the current step.
+
+        Raises:
+            ValueError: if the schedule returns a sparsity outside ``[0, 1)``.
+        """
         step = self._step if step is None else step
         if isinstance(self.schedule, Schedule):
             s = self.schedule(step, self.total_steps, self.sparsity)
@@ -1036,7 +1086,12 @@ class Pruner:
             self.update()
 
     def update(self, sparsity: float | None = None) -> None:
-        """Recompute the thresholds now, at ``sparsity`` (default: the schedule's)."""
+        """Recompute the thresholds now, at ``sparsity``.
+
+        Args:
+            sparsity: the sparsity to prune to, in ``[0, 1)``; None: the one the
+                schedule requests at the current step.
+        """
         self._check_attached("update()")
         s = self.scheduled_sparsity() if sparsity is None else check_sparsity(sparsity)
         with outside_inference_mode():
@@ -1068,6 +1123,9 @@ class Pruner:
 
         With ``max_layer_sparsity`` set, the cap may leave fewer zeros than
         the target asks; the returned sparsity says how many.
+
+        Args:
+            sparsity: the sparsity to bake, in ``[0, 1)``; None: the target ``S``.
 
         Raises:
             RuntimeError: if the Pruner was already finalized or removed, or
@@ -1308,6 +1366,9 @@ class Pruner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output; the next step continues identically.
+
+        Args:
+            state: a dict :meth:`state_dict` returned.
 
         Raises:
             ValueError: if the state is not a Pruner state, or was saved with a

@@ -347,6 +347,10 @@ class NMBackbone(Backbone):
         when it falls on a group boundary of every row. A layout that
         :func:`~feather_sparse.distributed.shard_cuts` cannot tell counts as a split
         (gathering is always right).
+
+        Args:
+            index: the layer's position among the targets.
+            weight: its stored weight: a plain tensor or a DTensor.
         """
         dtensor = dtensor_type()
         if dtensor is None or not isinstance(weight, dtensor):
@@ -378,16 +382,19 @@ class NMBackbone(Backbone):
         )
 
     def check_shard(self, index: int, weight: Tensor) -> None:
-        """Raise unless this rank's shard of layer ``index``'s sharded ``weight`` (a
-        DTensor) holds whole groups, so that the forward of the shard alone is the
-        whole weight's forward there.
+        """Raise unless this rank's shard of layer ``index``'s sharded weight holds whole groups.
 
+        Then the forward of the shard alone is the whole weight's forward there.
         A dim-0 shard holds whole rows, hence whole groups. A shard along a dimension
         the groups run through (the first of a weight stored ``(in, out)``, or one
         ``shard_placement_fn`` chose) holds whole groups when its blocks begin and
         end on group boundaries, which the length of its block in a row tells (the
         shards are ``torch.chunk``'s: only the last one can be shorter, and it ends
         the row).
+
+        Args:
+            index: the layer's position among the targets.
+            weight: its stored weight, a DTensor.
 
         Raises:
             ValueError: naming the layer, the shard and what to do instead.
@@ -443,7 +450,13 @@ class NMBackbone(Backbone):
         return x.t() if order == "transposed" else x
 
     def keep_mask(self, weight: Tensor, threshold: Tensor, index: int = 0) -> Tensor:
-        """Positions the forward keeps, shaped like ``weight`` (``N`` per group at ramp 1)."""
+        """Positions the forward keeps, shaped like ``weight`` (``N`` per group at ramp 1).
+
+        Args:
+            weight: the stored weight of tensor ``index``.
+            threshold: its 0-d threshold, the ramp ``r``.
+            index: the tensor's position among the targets.
+        """
         if self._masks is not None:
             self._follow(index, weight.device)
             return self._masks[index]
@@ -457,12 +470,24 @@ class NMBackbone(Backbone):
     def pruned_mask(
         self, index: int, weight: Tensor, threshold: Tensor, operator: Operator | None = None
     ) -> Tensor:
-        """The weights the forward zeroes: for a finite ``p`` every ``|w| <= r·T_g`` (a
-        kept weight tied with ``T_g`` too); for the hard or a fixed mask the positions
-        not kept; and zero weights, wherever they are.
+        """The weights the forward zeroes, shaped like ``weight``.
+
+        For a finite ``p`` every ``|w| <= r·T_g`` (a kept weight tied with ``T_g``
+        too); for the hard or a fixed mask the positions not kept; and zero
+        weights, wherever they are.
 
         ``p`` is the operator's: ``operator`` if given, else the one the forward of
         layer ``index`` applies (see :meth:`_power`).
+
+        Args:
+            index: the tensor's position among the targets.
+            weight: its stored weight.
+            threshold: its 0-d threshold, the ramp ``r``.
+            operator: the operator the forward applies, or None (the attached one).
+
+        Raises:
+            ValueError: when ``p`` is needed (no frozen mask), ``operator`` is None
+                and the layer has none attached.
         """
         if self._masks is None and not math.isinf(self._power(index, operator)):
             grouped = self._grouped(index, weight)
@@ -492,7 +517,13 @@ class NMBackbone(Backbone):
         return float(p)
 
     def report_threshold(self, index: int, weight: Tensor, threshold: Tensor) -> float:
-        """The mean group threshold ``r·T_g`` of tensor ``index``."""
+        """The mean group threshold ``r·T_g`` of tensor ``index``.
+
+        Args:
+            index: the tensor's position among the targets.
+            weight: its stored weight.
+            threshold: its 0-d threshold, the ramp ``r``.
+        """
         return self.report_thresholds([weight], [threshold], None, [index])[0]
 
     @torch.no_grad()
@@ -503,9 +534,18 @@ class NMBackbone(Backbone):
         group: ProcessGroup | None = None,
         indices: Sequence[int] | None = None,
     ) -> list[float]:
-        """The mean group threshold ``r·T_g`` of each tensor; ``weights`` are this rank's
-        parts of the tensors ``indices`` (default: all, in order), summed over ``group``
-        (one all-reduce: every rank calls it) when they are shards."""
+        """The mean group threshold ``r·T_g`` of each tensor, summed over the ranks.
+
+        Args:
+            weights: this rank's parts of the tensors ``indices``.
+            thresholds: their 0-d thresholds, the ramps ``r``.
+            group: the group the parts are summed over when they are shards (one
+                all-reduce: every rank calls it); None: whole tensors.
+            indices: the tensors' positions among the targets; None: all, in order.
+
+        Returns:
+            One mean threshold per tensor.
+        """
         sums = []
         for i, w in zip(range(len(weights)) if indices is None else indices, weights):
             if w.numel() == 0:  # an empty part (another rank holds the weight)
@@ -523,6 +563,10 @@ class NMBackbone(Backbone):
 
     def check_final(self, index: int, weight: Tensor) -> None:
         """Raise unless every group of ``weight`` holds at most ``n`` nonzeros.
+
+        Args:
+            index: the tensor's position among the targets.
+            weight: the weight about to be baked.
 
         Raises:
             RuntimeError: when ``weight`` holds NaN or inf (a NaN weight makes its
@@ -579,6 +623,9 @@ class NMBackbone(Backbone):
 
         Reads what :meth:`state_dict` writes and the states of earlier versions,
         which had no ``"taken"`` and ``None`` for β and masks not taken yet.
+
+        Args:
+            state: a dict :meth:`state_dict` returned.
 
         Raises:
             ValueError: naming the layer, when a saved mask or β does not fit it
@@ -717,7 +764,14 @@ def _straight_through(value: Tensor, weight: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class NMSettings:
-    """What an N:M pattern makes of a Pruner's settings (see :func:`nm_settings`)."""
+    """What an N:M pattern makes of a Pruner's settings (see :func:`nm_settings`).
+
+    Attributes:
+        pattern: the parsed pattern.
+        sparsity: the sparsity it implies, ``(m − n) / m``.
+        backbone: the N:M backbone, or its config for the Pruner to build.
+        schedule: the schedule given, else :data:`DEFAULT_NM_SCHEDULE`.
+    """
 
     pattern: NMPattern
     sparsity: float
@@ -750,6 +804,16 @@ def nm_settings(
     ``None`` with any other backbone is unstructured pruning (returns ``None``).
     The backbone becomes ``{"name": "nm", "pattern": ..., **options}`` (a
     fresh one for every Pruner); an :class:`NMBackbone` object passes through.
+
+    Args:
+        pattern: the Pruner's ``pattern`` (``"2:4"``, an
+            :class:`~feather_sparse.nm.operator.NMPattern`), or None.
+        sparsity: the Pruner's ``sparsity``; None or the pattern's own.
+        backbone: the Pruner's ``backbone``: ``"global"`` or the N:M backbone
+            (its name, a config mapping or an :class:`NMBackbone`); any other
+            contradicts a pattern, and without one means unstructured pruning.
+        schedule: the Pruner's ``schedule``; None: :data:`DEFAULT_NM_SCHEDULE`.
+        max_layer_sparsity: the Pruner's ``max_layer_sparsity``; must be None.
 
     Raises:
         ValueError: for a malformed pattern, or a ``sparsity``, backbone or
