@@ -18,7 +18,7 @@ import functools
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -219,3 +219,278 @@ def test_checkpoint_loads_into_the_plain_model_in_one_process(
     dcp.load(state, checkpoint_id=str(Path(runs["root"]) / kind), no_dist=True)
     plain.load_state_dict(state["model"])
     assert _same(plain.state_dict(), _ok(runs["saved"][0][kind])["dense"])
+
+
+# ----------------------------------------------- FSDP2 over tensor parallelism (2-D)
+#: The (dp, tp) meshes on 2 processes: between them, both mesh dimensions sharded.
+MESHES_2D = [(1, 2), (2, 1)]
+BATCH_2D = 4  # per dp rank
+
+
+def _mlp_2d(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)  # the same weights on every rank
+    return nn.Sequential(
+        nn.Linear(INPUTS, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, OUTPUTS),
+        nn.ReLU(),
+        nn.Linear(OUTPUTS, OUTPUTS),  # left whole by tensor parallelism: FSDP2 shards it on dp
+    )
+
+
+def _build_2d(
+    kind: str, shape: tuple[int, int], seed: int = 0
+) -> tuple[nn.Sequential, fs.Pruner, torch.optim.Optimizer]:
+    """The 2-D recipe: parallelize_module on tp, the Pruner, fully_shard on dp, the optimizer."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
+    model = _mlp_2d(seed)
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    if kind == "2:4":
+        pruner = fs.Pruner(model, pattern="2:4", theta=0.5)
+    else:
+        pruner = fs.Pruner(model, sparsity=0.7, total_steps=STEPS, theta=0.5)
+    for layer in (model[0], model[2], model[4]):
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    return model, pruner, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def _train_2d(model: nn.Module, opt: torch.optim.Optimizer, pruner: fs.Pruner,
+              first: int, last: int) -> None:  # fmt: skip
+    dp_rank = model[0].weight.device_mesh.get_local_rank("dp")  # type: ignore[index]
+    for step in range(first, last):
+        g = torch.Generator().manual_seed(100 + step + 1000 * dp_rank)  # each dp rank its batch
+        x = torch.randn(BATCH_2D, INPUTS, generator=g)
+        y = torch.randint(0, OUTPUTS, (BATCH_2D,), generator=g)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        pruner.step()
+
+
+def _shards(model: nn.Module) -> dict[str, Tensor]:
+    """This rank's part of every parameter, by the plain model's names."""
+    return {
+        name.replace("parametrizations.weight.original", "weight"): distributed.to_local(p)
+        .detach()
+        .clone()
+        for name, p in model.named_parameters()
+    }
+
+
+def _full_state_loads(kind: str, shape: tuple[int, int], full: dict[str, Tensor]) -> dict[str, Any]:
+    """A full (unsharded) state dict loaded into fresh, differently initialised 2-D models,
+    three ways: ``set_model_state_dict(full_state_dict=True)``, ``model.load_state_dict``
+    of the pruned weights (the Pruner's load hook cuts each rank's part with
+    ``distributed.shard_like``), and ``shard_like`` itself."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    out: dict[str, Any] = {}
+    model, _, _ = _build_2d(kind, shape, seed=1)
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, {k: v.clone() for k, v in full.items()}, options=options)
+    out["set_full"] = _shards(model)
+    model, _, _ = _build_2d(kind, shape, seed=1)
+    weights = {k: v.clone() for k, v in full.items() if k.endswith("weight")}
+    result = model.load_state_dict(weights, strict=False)  # FSDP2's biases need DTensors
+    out["load_missing"] = sorted(result.missing_keys)
+    out["load_weights"] = {k: v for k, v in _shards(model).items() if k.endswith("weight")}
+    stored = {
+        name.replace("parametrizations.weight.original", "weight"): p
+        for name, p in model.named_parameters()
+        if name.endswith("original")
+    }
+    out["shard_like"] = {
+        k: distributed.to_local(distributed.shard_like(full[k].clone(), stored[k])).clone()
+        for k in stored
+    }
+    out["placements"] = {k: str(p.placements) for k, p in stored.items()}  # type: ignore[attr-defined]
+    return out
+
+
+def _save_one_2d(kind: str, shape: tuple[int, int], root: Path) -> dict[str, Any]:
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    model, pruner, opt = _build_2d(kind, shape)
+    _train_2d(model, opt, pruner, 0, HALF)
+    state = get_model_state_dict(model)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    out: dict[str, Any] = {
+        "keys": list(state),
+        "full_keys": list(full),
+        "dense": _stored(model),
+        "shards": _shards(model),
+        "pruner": pruner.state_dict(),
+        # a copy: where a mesh dimension has one rank, the full tensor is the stored one
+        "full": {k: cast(Tensor, v).detach().clone() for k, v in full.items()},
+    }
+    dcp.save(
+        {
+            "model": state,
+            "optim": get_optimizer_state_dict(model, opt),
+            "pruner": pruner.state_dict(),
+        },
+        checkpoint_id=str(root / f"2d-{shape[0]}x{shape[1]}-{kind}"),
+    )
+    _train_2d(model, opt, pruner, HALF, STEPS)
+    out["final"] = _stored(model)
+    out["final_pruner"] = pruner.state_dict()
+    out["final_pruned"] = pruner.dense_state_dict(pruned=True, full=True)
+    out["loads"] = _full_state_loads(kind, shape, out["full"])
+    return out
+
+
+def _resume_one_2d(kind: str, shape: tuple[int, int], root: Path) -> dict[str, Any]:
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    model, pruner, opt = _build_2d(kind, shape, seed=1)  # differently initialised
+    state: dict[str, Any] = {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, opt),
+        "pruner": pruner.state_dict(),
+    }
+    dcp.load(state, checkpoint_id=str(root / f"2d-{shape[0]}x{shape[1]}-{kind}"))
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, opt, state["optim"])
+    pruner.load_state_dict(state["pruner"])
+    out: dict[str, Any] = {"loaded": _stored(model), "loaded_pruner": pruner.state_dict()}
+    _train_2d(model, opt, pruner, HALF, STEPS)
+    out["final"] = _stored(model)
+    out["final_pruner"] = pruner.state_dict()
+    out["final_pruned"] = pruner.dense_state_dict(pruned=True, full=True)
+    return out
+
+
+def _save_all_2d(rank: int, world: int, root: str) -> dict[Any, Any]:
+    return {
+        (shape, kind): _recorded(functools.partial(_save_one_2d, kind, shape, Path(root)))
+        for shape in MESHES_2D
+        for kind in KINDS
+    }
+
+
+def _resume_all_2d(rank: int, world: int, root: str) -> dict[Any, Any]:
+    return {
+        (shape, kind): _recorded(functools.partial(_resume_one_2d, kind, shape, Path(root)))
+        for shape in MESHES_2D
+        for kind in KINDS
+    }
+
+
+@pytest.fixture(scope="module")
+def runs_2d(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = str(tmp_path_factory.mktemp("dcp-2d"))
+    saved = launch(functools.partial(_save_all_2d, root=root), WORLD)
+    resumed = launch(functools.partial(_resume_all_2d, root=root), WORLD)
+    return {"saved": saved, "resumed": resumed}
+
+
+PLAIN_KEYS_2D = [*PLAIN_KEYS, "4.weight", "4.bias"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", MESHES_2D, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_2d_full_state_dict_loads_each_rank_its_part_exactly(
+    runs_2d: dict[str, Any], shape: tuple[int, int], kind: str
+) -> None:
+    """``get_model_state_dict(full_state_dict=True)`` of a 2-D model loaded into a fresh,
+    differently initialised one gives every rank exactly the shards the model had."""
+    for saved in runs_2d["saved"]:
+        saved = _ok(saved[shape, kind])
+        assert saved["full_keys"] == PLAIN_KEYS_2D
+        assert _same(saved["full"], saved["dense"])  # whole plain tensors
+        loads = saved["loads"]
+        assert _same(loads["set_full"], saved["shards"])
+        weights = {k: v for k, v in saved["shards"].items() if k.endswith("weight")}
+        assert _same(loads["load_weights"], weights)
+        assert loads["load_missing"] == ["0.bias", "2.bias", "4.bias"]
+        assert _same(loads["shard_like"], weights)
+    # the layouts are those of the 2-D recipe: both mesh dimensions sharded between the meshes
+    placements = _ok(runs_2d["saved"][0][shape, kind])["loads"]["placements"]
+    first = (
+        "_StridedShard(dim=0, sf=2), Shard(dim=0)"
+        if shape == (1, 2)
+        else "Shard(dim=0), Shard(dim=0)"
+    )
+    assert placements == {
+        "0.weight": f"({first})",
+        "2.weight": "(Shard(dim=0), Shard(dim=1))",
+        "4.weight": "(Shard(dim=0),)",
+    }
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", MESHES_2D, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_2d_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(
+    runs_2d: dict[str, Any], shape: tuple[int, int], kind: str
+) -> None:
+    for saved, resumed in zip(runs_2d["saved"], runs_2d["resumed"]):
+        saved, resumed = _ok(saved[shape, kind]), _ok(resumed[shape, kind])
+        assert saved["keys"] == PLAIN_KEYS_2D
+        assert _same(resumed["loaded"], saved["dense"])
+        assert _same(resumed["loaded_pruner"], saved["pruner"])
+        for key in ("final", "final_pruner", "final_pruned"):
+            assert _same(resumed[key], saved[key]), key
+
+
+def _full_state_2x2(rank: int, world: int) -> dict[str, Any]:
+    """On a (2, 2) mesh (4 processes), where FSDP2's ``_StridedShard`` really interleaves:
+    the full state of a trained 2-D model loaded into a fresh one."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    def run() -> dict[str, Any]:
+        model, pruner, opt = _build_2d("2:4", (2, 2))
+        _train_2d(model, opt, pruner, 0, 1)
+        options = StateDictOptions(full_state_dict=True)
+        got = get_model_state_dict(model, options=options)
+        full = {k: cast(Tensor, v).detach().clone() for k, v in got.items()}
+        return {
+            "shards": _shards(model),
+            "full": full,
+            "loads": _full_state_loads("2:4", (2, 2), full),
+        }
+
+    return _recorded(run)
+
+
+@pytest.fixture(scope="module")
+def runs_2x2() -> list[dict[str, Any]]:
+    return launch(_full_state_2x2, 4)  # ~15 s on 2 cores
+
+
+def test_2d_full_state_dict_loads_strided_shards_exactly(runs_2x2: list[dict[str, Any]]) -> None:
+    """``_StridedShard(dim=0, sf=2)`` over ``Shard(0)``: rank (dp, tp) holds rows
+    ``tp·12 + dp·6 …`` of the column-wise weight (24 rows), which for ranks 1 and 2
+    is not the ``rank``-th quarter."""
+    for rank, run in enumerate(runs_2x2):
+        run = _ok(run)
+        loads, shards = run["loads"], run["shards"]
+        assert loads["placements"]["0.weight"] == "(_StridedShard(dim=0, sf=2), Shard(dim=0))"
+        assert _same(loads["set_full"], shards)
+        weights = {k: v for k, v in shards.items() if k.endswith("weight")}
+        assert _same(loads["load_weights"], weights)
+        assert _same(loads["shard_like"], weights)
+        dp, tp = divmod(rank, 2)
+        assert torch.equal(weights["0.weight"], run["full"]["0.weight"][tp * 12 + dp * 6 :][:6])
+        naive = run["full"]["0.weight"].chunk(4)[rank]  # what a flat cut would give
+        assert torch.equal(weights["0.weight"], naive) is (rank in (0, 3))

@@ -88,8 +88,10 @@ class NMBackbone(Backbone):
       weight's gradient;
     - ``rescale`` (S-STE): the forward is multiplied by a per-tensor
       ``β = ⟨w, S(w)⟩ / ⟨S(w), S(w)⟩`` with ``S`` the soft (p = 1) N:M
-      threshold, computed when the pattern is first applied and fixed once a
-      training step has run (updates before the first step take it again);
+      threshold (summed in float64, rounded to float32 once: the same on
+      shards as in one process), computed when the pattern is first applied
+      and fixed once a training step has run (updates before the first step
+      take it again);
     - ``freeze`` (one-shot): the N:M magnitude mask taken when the pattern is
       first applied (again at each update before the first step) is kept for
       the rest of training; the forward is then plain masking (``p`` unused).
@@ -223,22 +225,31 @@ class NMBackbone(Backbone):
         self, weights: Sequence[Tensor], indices: Sequence[int] | None = None
     ) -> list[Tensor]:
         """S-STE's ``β = ⟨w, S(w)⟩ / ⟨S(w), S(w)⟩`` per tensor (sums over all shards);
-        ``indices``: the layers ``weights`` are (default: all, in order)."""
+        ``indices``: the layers ``weights`` are (default: all, in order).
+
+        Both sums are taken in float64 and β is rounded to float32 once, so that a
+        sharded β (per-rank partial sums, all-reduced) equals the one-process β: the
+        products of float32 (or half) values are exact in float64 and every term is
+        ``≥ 0`` (``S(w)`` has the sign of ``w``), so the sums' rounding, which depends
+        on their order, stays orders of magnitude below β's last float32 bit.
+        """
         sums = []
         for i, w in zip(range(len(weights)) if indices is None else indices, weights):
             if self.process_group is not None and self.splits_groups(i, self.targets[i].weight):
                 w = whole_on_first(self.targets[i].weight, self.process_group)  # a collective
             w = self._grouped(i, w)
             s = nm_threshold(w, self.pattern, p=1.0).to(compute_dtype(w.dtype))
-            sums.append(torch.stack([(w.to(s.dtype) * s).sum(), (s * s).sum()]).float())
-        both = torch.stack(sums)  # (tensors, 2)
+            here = torch.device("cpu") if w.device.type == "mps" else w.device  # no float64 on MPS
+            w64, s64 = w.to(here, torch.float64), s.to(here, torch.float64)
+            sums.append(torch.stack([(w64 * s64).sum(), (s64 * s64).sum()]))
+        both = torch.stack(sums)  # (tensors, 2), float64
         if self.process_group is not None:
             import torch.distributed as dist
 
             dist.all_reduce(both, group=self.process_group)
         # An all-zero tensor has S = 0: β = 1 leaves it as it is.
-        beta = torch.where(both[:, 1] > 0, both[:, 0] / both[:, 1].clamp_min(1e-30), 1.0)
-        return [b.to(w.device) for b, w in zip(beta, weights)]
+        beta = torch.where(both[:, 1] > 0, both[:, 0] / both[:, 1].clamp_min(1e-300), 1.0)
+        return [b.to(device=w.device, dtype=torch.float32) for b, w in zip(beta, weights)]
 
     @torch.no_grad()
     def _frozen_mask(self, index: int, weight: Tensor) -> Tensor:
