@@ -57,11 +57,21 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: this benchmark needs an NVIDIA GPU (compute capability >= 8.0)")
         return 0
-    from torch.sparse import to_sparse_semi_structured
+    from torch.sparse import SparseSemiStructuredTensorCUSPARSELT, SparseSemiStructuredTensorCUTLASS
 
+    # to_sparse_semi_structured always picks cuSPARSELt, and fails where torch lacks it
+    # (fs.to_semi_structured makes the same choice)
+    backend = (
+        SparseSemiStructuredTensorCUSPARSELT
+        if torch.backends.cusparselt.is_available()
+        else SparseSemiStructuredTensorCUTLASS
+    )
     dtype = getattr(torch, args.dtype)
     print(f"feather-sparse {fs.__version__}, torch {torch.__version__}, CUDA {torch.version.cuda}")
-    print(f"device: {torch.cuda.get_device_name()}, {args.dtype}, {args.tokens} tokens\n")
+    print(
+        f"device: {torch.cuda.get_device_name()}, {args.dtype}, {args.tokens} tokens, "
+        f"{backend.BACKEND} kernels\n"
+    )
     print(
         "| model | layer | out × in | fwd dense (ms) | fwd 2:4 (ms) | fwd speed-up "
         "| fwd+bwd dense (ms) | fwd+bwd 2:4 (ms) | fwd+bwd speed-up |"
@@ -71,7 +81,7 @@ def main() -> int:
     for model, layer, out_f, in_f in SHAPES:
         w = nm_threshold(torch.randn(out_f, in_f, device="cuda"), "2:4", p=float("inf"))
         w = w.to(dtype)
-        sparse = to_sparse_semi_structured(w)
+        sparse = backend.from_dense(w)
         x = torch.randn(args.tokens, in_f, device="cuda", dtype=dtype, requires_grad=True)
         g = torch.randn(args.tokens, out_f, device="cuda", dtype=dtype)
 

@@ -28,9 +28,14 @@ fi
   git rev-parse HEAD 2>/dev/null || echo "commit: unknown"
   nvidia-smi 2>&1 || echo "nvidia-smi: not found"
   "$PY" - <<'EOF'
+import importlib.util
 import platform
 import torch
 print(f"Python {platform.python_version()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+# what the gpu tests import besides torch (carry the missing ones as wheels in .whl/)
+need = ("pytest", "hypothesis", "numpy")
+missing = [m for m in need if importlib.util.find_spec(m) is None]
+print("packages the gpu tests need:", f"missing {', '.join(missing)}" if missing else "all present")
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(f"GPU 0: {p.name}, capability {p.major}.{p.minor}, {p.total_memory / 2**30:.1f} GiB")

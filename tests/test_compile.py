@@ -99,3 +99,29 @@ def test_a_pruned_model_compiles_without_a_graph_break(theta: float) -> None:
     explained = torch._dynamo.explain(lambda x: model(x).sum())(torch.randn(4, 2, 16))
     assert [str(b.reason) for b in explained.break_reasons] == []
     assert explained.graph_count == 1
+
+
+@guard(
+    "`torch.compile` of a function calling `fs.threshold(w, t)` with a tensor `t` that "
+    "changes between calls",
+    "one graph compiled once, equal to eager (reading `t` to check it broke the graph and "
+    "recompiled for each new value; eager calls still check it)",
+)
+@pytest.mark.parametrize("p", [3.0, float("inf")])
+def test_the_public_operator_compiles_once_for_moving_thresholds(p: float) -> None:
+    torch._dynamo.reset()
+    w = torch.randn(4096, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
+
+    def op(w: Tensor, t: Tensor) -> Tensor:
+        return fs.threshold(w, t, p=p, theta=0.5)
+
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(op, backend=counter)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for t in (0.5, 1.0, 1.5, 0.5):
+            got = torch.autograd.grad(compiled(w, torch.tensor(t)).square().sum(), w)[0]
+            want = torch.autograd.grad(op(w, torch.tensor(t)).square().sum(), w)[0]
+            torch.testing.assert_close(got, want)
+    assert counter.frame_count == 1
+    with pytest.raises(ValueError, match="threshold"):
+        op(w, torch.tensor(-1.0))  # eager: still checked

@@ -18,6 +18,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from _guards import guard
 from _helpers import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +41,9 @@ def test_without_cuda_the_runbook_says_so_and_fails(tmp_path: Path) -> None:
     done = run_runbook(tmp_path, sys.executable)
     assert done.returncode == 1
     assert "sees no CUDA device" in done.stderr
-    assert f"torch {torch.__version__}, CUDA None" in (tmp_path / "env.txt").read_text()
+    env = (tmp_path / "env.txt").read_text()
+    assert f"torch {torch.__version__}, CUDA None" in env
+    assert "packages the gpu tests need: all present" in env
     assert sorted(p.name for p in tmp_path.iterdir()) == ["env.txt"]
 
 
@@ -131,3 +134,77 @@ def test_selection_benchmark_runs_on_the_named_device(tmp_path: Path) -> None:
     assert row.startswith("| 0.02M |")
     ours, sort_k = row.rsplit("|", 2)[-2].split("/")
     assert ours.strip() == sort_k.strip()  # the selected threshold prunes exactly k
+
+
+PARSE_ONLY = """
+import argparse, runpy, sys
+
+parse_args = argparse.ArgumentParser.parse_args
+
+
+def parse_only(self, *args, **kwargs):
+    parse_args(self, *args, **kwargs)  # exits 2, naming the flag, on a command line it refuses
+    print("parsed:", " ".join(sys.argv))
+    raise SystemExit(0)
+
+
+argparse.ArgumentParser.parse_args = parse_only
+sys.argv = sys.argv[1:]
+sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0])
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def checking_python(tmp_path: Path) -> Path:
+    """A Python for the runbook that pretends a CUDA device is present, parses each
+    benchmark's command line with the script's own parser (then stops: nothing is
+    timed) and collects the gpu-marked tests without running them."""
+    wrapper = tmp_path / "parse_only.py"
+    wrapper.write_text(PARSE_ONLY)
+    script = tmp_path / "python3"
+    script.write_text(
+        "#!/usr/bin/env bash\n"
+        'case "$1" in\n'
+        "  -c) exit 0 ;;\n"  # the runbook's CUDA check
+        "  -) cat >/dev/null; exit 0 ;;\n"  # the environment report
+        '  -m) [ "$2" = pytest ] || exit 0\n'  # wheels carried in .whl/: nothing to install
+        f'      shift 2; exec "{sys.executable}" -m pytest --collect-only "$@" ;;\n'
+        f'  *) exec "{sys.executable}" "{wrapper}" "$@" ;;\n'
+        "esac\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+@guard(
+    "the GPU runbook's command lines drift from the scripts (a renamed or removed flag, "
+    "a gpu-marked test file that no longer imports)",
+    "caught on the CPU: each benchmark's own parser reads the runbook's arguments and "
+    "`pytest --collect-only` collects the gpu tests, before a GPU's time is spent",
+)
+def test_the_runbook_command_lines_parse_and_its_tests_collect(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_runbook(
+        out, str(checking_python(tmp_path)), OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1"
+    )
+    assert done.returncode == 0, (
+        done.stdout
+        + done.stderr
+        + "".join(f"\n--- {p.name}\n{p.read_text()}" for p in sorted(out.iterdir()))
+    )
+    for part in PARTS[1:]:
+        assert (out / part).read_text().startswith("parsed: benchmarks/"), part
+    collected = (out / "gpu-tests.log").read_text()
+    assert "test_nm_devices.py::" in collected and "error" not in collected.lower()
+
+
+def test_the_parts_time_limits_fit_in_one_ten_minute_command() -> None:
+    """A lent GPU runs one command of at most 600 s: the parts' limits, with a minute
+    left for the environment report and the start of each Python, must fit in it."""
+    limits = {
+        line.split()[1]: int(line.split()[2])
+        for line in RUNBOOK.read_text().splitlines()
+        if line.startswith("part ")
+    }
+    assert list(limits) == PARTS
+    assert sum(limits.values()) <= 540, limits

@@ -105,7 +105,7 @@ MUTATIONS = [
     dict(
         id="nm16",
         desc="fixed-mask forward: x*mask (-0.0 where pruned)",
-        old="        torch.addcmul(_ZERO, x, aux, out=out)\n    elif",
+        old="        torch.addcmul(constant(0.0, x), x, aux, out=out)\n    elif",
         new="        torch.mul(x, aux, out=out)\n    elif",
     ),
     dict(

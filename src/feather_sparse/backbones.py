@@ -662,6 +662,7 @@ class ASLPlusBackbone(Backbone):
         self._sigma = [torch.ones((), device=t.weight.device) for t in targets]
         self._warm = [_WarmStart() for _ in targets]
         self._initialized = False
+        self._sizes_on: Tensor | None = None  # self.sizes as a tensor (see _size_tensor)
 
     def advance(self, step: int, total_steps: int, final_sparsity: float) -> None:
         if self._initialized:
@@ -744,10 +745,19 @@ class ASLPlusBackbone(Backbone):
         """
         self._follow_all()
         r = _stack(self.r)
-        sizes = torch.tensor(self.sizes, dtype=r.dtype, device=r.device)
+        sizes = self._size_tensor(r)
         sparsity = (torch.special.erf(r / math.sqrt(2.0)) * sizes).sum() / sizes.sum()
         # D − (1 − s) = (1 − sparsity) − (1 − s) = s − sparsity
         return self.lam * (self._target - sparsity) ** 2
+
+    def _size_tensor(self, like: Tensor) -> Tensor:
+        """The layers' sizes as a tensor of ``like``'s dtype and device, made once for
+        them: ``torch.tensor(..., device=...)`` at every step would copy from the host
+        and, on a GPU, wait for the device in every training step's loss."""
+        sizes = getattr(self, "_sizes_on", None)
+        if sizes is None or sizes.device != like.device or sizes.dtype != like.dtype:
+            sizes = self._sizes_on = torch.tensor(self.sizes, dtype=like.dtype, device=like.device)
+        return sizes
 
     def state_dict(self) -> dict[str, Any]:
         return {

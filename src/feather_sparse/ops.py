@@ -109,7 +109,8 @@ def _block(
     torch.abs(x, out=a)
     if math.isinf(p):  # hard thresholding: w·[|w| > T]
         torch.gt(a, t, out=u)  # the keep indicator [|w| > T] as 0/1 floats
-        torch.addcmul(_ZERO, x, u, out=out)  # 0 + w·[|w| > T]: +0.0, never −0.0, where pruned
+        # 0 + w·[|w| > T]: +0.0, never −0.0, where pruned
+        torch.addcmul(constant(0.0, x), x, u, out=out)
         return
     torch.sub(a, t, out=d)  # |w| − T, exact near the threshold
     if p == 1.0:  # soft thresholding: sign(w)·max(|w| − T, 0)
@@ -123,8 +124,9 @@ def _block(
         torch.div(t, a, out=r)  # r = T/|w|
         h = a  # |w| is no longer needed: reuse its buffer for the Horner sum
         torch.add(r, 1.0, out=h)  # 1 + r
+        one = constant(1.0, x)
         for _ in range(int(p) - 2):
-            torch.addcmul(_ONE, h, r, out=h)  # 1 + r(1 + r(…)), one kernel per term
+            torch.addcmul(one, h, r, out=h)  # 1 + r(1 + r(…)), one kernel per term
         d.mul_(h)
     else:
         d.neg_().log1p_().mul_(p).expm1_().neg_()
@@ -140,6 +142,28 @@ def _block(
 #: float32 so that they never promote the block's dtype.
 _ZERO = torch.zeros((), dtype=torch.float32)
 _ONE = torch.ones((), dtype=torch.float32)
+
+
+def constant(value: float, like: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """A 0-d ``value`` on ``like``'s device, for the tensor operands of the kernels above.
+
+    A ternary kernel such as ``addcmul`` refuses a 0-d CPU operand beside GPU
+    tensors ("Expected all tensors to be on the same device"; only binary
+    kernels take one), so off the CPU the constant is made on the device: one
+    fill kernel, where ``torch.tensor(value, device=...)`` would copy from the
+    host and wait for the device. On the CPU, :data:`_ZERO`/:data:`_ONE` or a
+    new CPU tensor. The result may be shared: read it, never write into it.
+
+    Args:
+        value: the constant.
+        like: a tensor on the device the constant is for.
+        dtype: the constant's dtype.
+    """
+    if like.device.type != "cpu":
+        return torch.full((), value, dtype=dtype, device=like.device)
+    if dtype == torch.float32 and value in (0.0, 1.0):
+        return _ZERO if value == 0.0 else _ONE
+    return torch.tensor(value, dtype=dtype)
 
 
 def _one_block(w: Tensor, n: int) -> bool:
@@ -367,7 +391,7 @@ def _scaled_grad(w: Tensor, t: Tensor, grad: Tensor, theta: float) -> Tensor:
     """
     dtype = compute_dtype(torch.promote_types(w.dtype, t.dtype))
     t = t.to(dtype)
-    th = torch.tensor(theta, dtype=dtype)  # 0-d on the CPU: a scalar operand on any device
+    th = constant(theta, w, dtype)  # 0-d on w's device (no CPU operand on a GPU)
     low = float(theta)  # the same θ for the clamp, without reading th back (.item())
     g = grad.reshape(-1)
     flat = w.reshape(-1)
@@ -397,7 +421,7 @@ def _grad_factor(w: Tensor, t: Tensor, theta: float, dtype: torch.dtype) -> Tens
     """
     w = w.detach()
     c = torch.empty(w.shape, dtype=dtype, device=w.device)
-    return _factor_into(w, t.detach(), torch.tensor(theta, dtype=dtype), c, float(theta))
+    return _factor_into(w, t.detach(), constant(theta, w, dtype), c, float(theta))
 
 
 def _factor_into(w: Tensor, t: Tensor, theta: Tensor, c: Tensor, low: float) -> Tensor:
@@ -432,8 +456,10 @@ def threshold(
 
     Every argument is checked here, once (the rules are in
     :mod:`feather_sparse.rules`); a tensor ``t`` is read for that, which is one
-    host synchronisation on a GPU. The Pruner's operators skip these checks:
-    their settings were checked when the Pruner was configured.
+    host synchronisation on a GPU, except under ``torch.compile``, where reading
+    it would break the graph (its value is not checked there). The Pruner's
+    operators skip these checks: their settings were checked when the Pruner
+    was configured.
 
     Args:
         w: weights of any shape and floating dtype (float16, bfloat16, float32,
@@ -472,10 +498,14 @@ def threshold(
     if isinstance(t, Tensor):
         if t.dim() != 0:
             raise ValueError(f"the threshold must be a 0-d tensor, got shape {tuple(t.shape)}")
-        check_threshold(float(t.detach()))
+        # Read only in eager mode: under torch.compile the read would break the graph
+        # and make each new value of T a recompilation (T is then the caller's to check).
+        if not torch.compiler.is_compiling():
+            check_threshold(float(t.detach()))
     else:
         check_threshold(float(t))
-        t = torch.tensor(float(t), dtype=compute_dtype(w.dtype), device=w.device)
+        # filled on w's device: torch.tensor(..., device=) would copy from the host and wait
+        t = torch.full((), float(t), dtype=compute_dtype(w.dtype), device=w.device)
     return apply_threshold(w, t, check_p(p), check_theta(theta), cache=cache)
 
 

@@ -203,8 +203,21 @@ def to_semi_structured(model: nn.Module) -> list[str]:
             "dense N:M weights (they run and export as they are), or store them compactly "
             "with encode_nm / the .fsp format"
         )
-    from torch.sparse import to_sparse_semi_structured
+    from torch.sparse import (
+        SparseSemiStructuredTensor,
+        SparseSemiStructuredTensorCUSPARSELT,
+        SparseSemiStructuredTensorCUTLASS,
+    )
 
+    # torch.sparse.to_sparse_semi_structured always picks cuSPARSELt unless told to force
+    # CUTLASS, and a torch built without cuSPARSELt then fails on every layer: pick CUTLASS
+    # (NVIDIA's sparse tensor cores too, through CUTLASS's kernels) where it is missing.
+    backend: type[SparseSemiStructuredTensor] = (
+        SparseSemiStructuredTensorCUSPARSELT
+        if torch.backends.cusparselt.is_available()
+        and not SparseSemiStructuredTensor._FORCE_CUTLASS
+        else SparseSemiStructuredTensorCUTLASS
+    )
     pattern = NMPattern(2, 4)
     converted = []
     for name, module in model.named_modules():
@@ -223,7 +236,8 @@ def to_semi_structured(model: nn.Module) -> list[str]:
         if w.shape[1] % 4 or ((group_view(w, pattern) != 0).sum(1) > 2).any():
             continue
         try:
-            sparse = to_sparse_semi_structured(w.detach())
+            # the kernels take a contiguous weight only (a transposed one would stay dense)
+            sparse = backend.from_dense(w.detach().contiguous())
         except (RuntimeError, ValueError) as err:  # shapes the kernels do not support
             logger.info("to_semi_structured: %s stays dense (%s)", name, err)
             continue

@@ -59,12 +59,12 @@ import torch
 from torch import Tensor, nn
 
 from feather_sparse.ops import (
-    _ZERO,
     BLOCK,
     _block,
     _grad_factor,
     apply_function,
     compute_dtype,
+    constant,
     pooled_scratch,
     refuse_batched_weights,
 )
@@ -355,7 +355,7 @@ def _nm_forward(
     out = torch.empty_like(x)
     if mask is not None:  # a fixed mask: plain masking
         aux = mask.reshape(x.shape).to(dtype)
-        torch.addcmul(_ZERO, x, aux, out=out)
+        torch.addcmul(constant(0.0, x), x, aux, out=out)
     elif math.isinf(p):  # hard: exactly n kept, ties by position (0 + w·k: +0.0 where pruned)
         keep, t = nm_keep_mask(w, pattern)
         aux = keep.to(dtype)
@@ -364,7 +364,7 @@ def _nm_forward(
         # above T_g may rank below it, and must not be kept as well)
         lowered = torch.where(ramp < 1, t * ramp.to(dtype), torch.inf)
         torch.maximum(aux, (x.abs() > lowered).to(dtype), out=aux)
-        torch.addcmul(_ZERO, x, aux, out=out)
+        torch.addcmul(constant(0.0, x), x, aux, out=out)
     else:  # P_T is zero wherever |w| <= T: the thresholds alone do the pruning
         aux = group_thresholds(w, pattern).mul_(ramp.to(dtype))
         _threshold_blocks(x, aux, p, out)
@@ -503,7 +503,7 @@ def nm_threshold(
     if not 0.0 <= theta <= 1.0:
         raise ValueError(f"theta must be in [0, 1] (1 = plain STE, 0 = non-STE), got {theta}")
     if not isinstance(ramp, Tensor):
-        ramp = torch.tensor(float(ramp), device=w.device)
+        ramp = torch.full((), float(ramp), device=w.device)  # filled there: no host copy
     if decay < 0:
         raise ValueError(f"decay must be >= 0 (SR-STE uses 2e-4), got {decay}")
     if mask is not None and mask.shape != w.shape:
