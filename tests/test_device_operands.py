@@ -11,6 +11,7 @@ is computed: these tests check where the tensors live, not what they hold
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -86,15 +87,17 @@ def test_a_pruned_model_moved_after_attaching_trains_there(settings: dict[str, o
     assert all(p.grad is not None and p.grad.device == META for p in model.parameters())
 
 
-MOVED_LATER = pytest.mark.xfail(
+BACKWARD_READS = pytest.mark.xfail(
     strict=True,
-    reason="Spartan keeps its masks in a list, outside the module: model.to() leaves them behind",
+    reason="Spartan's backward reads one scalar (float(num / den)), which the meta device "
+    "cannot give (on a GPU it is one synchronisation per backward); its forward after a "
+    "move: test_spartan_masks_follow_a_model_moved_after_an_update",
 )
 
 
 @pytest.mark.parametrize(
     "method",
-    [pytest.param(m, marks=MOVED_LATER) if m == "spartan" else m for m in fs.METHODS.names()],
+    [pytest.param(m, marks=BACKWARD_READS) if m == "spartan" else m for m in fs.METHODS.names()],
 )
 def test_every_method_trains_on_the_device_the_model_moved_to(method: str) -> None:
     model = nn.Sequential(nn.Conv1d(4, 8, 4), nn.ReLU(), nn.Flatten(), nn.Linear(40, 8))
@@ -155,3 +158,25 @@ def test_forward_and_backward_on_cuda_never_wait_for_the_device(
         model(x).sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@guard(
+    "Spartan: `model.to(device)` after the Pruner attached and updated (its soft masks were "
+    "made on the old device, tied to the weights there)",
+    "the forward moves the masks and ties them again to the moved weights (same values, a "
+    "backward on the new device), where it failed on a mask left on the old device",
+)
+def test_spartan_masks_follow_a_model_moved_after_an_update() -> None:
+    model = nn.Sequential(nn.Conv1d(4, 8, 4), nn.ReLU(), nn.Flatten(), nn.Linear(40, 8))
+    pruner = fs.make_pruner(model, "spartan", total_steps=10, sparsity=0.5)
+    for _ in range(2):
+        model(torch.randn(2, 4, 8)).sum().backward()
+        pruner.step()
+    backbone: Any = pruner.backbone
+    before = [m.detach().clone() for m in backbone._masks]
+    assert all(m.grad_fn is not None for m in backbone._masks)  # tied to the weights
+    model.to(META)
+    out = model(torch.empty(2, 4, 8, device=META))
+    assert out.device == META
+    assert all(m.device == META and m.grad_fn is not None for m in backbone._masks)
+    assert [m.shape for m in backbone._masks] == [m.shape for m in before]

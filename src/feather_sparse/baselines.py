@@ -35,7 +35,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget, _WarmStart, on_device
+from feather_sparse.backbones import (
+    BACKBONES,
+    Backbone,
+    PruneTarget,
+    _WarmStart,
+    on_device,
+    outside_inference_mode,
+)
 from feather_sparse.ops import OPERATORS, Operator, compute_dtype
 from feather_sparse.selection import select_threshold
 
@@ -420,6 +427,7 @@ class SpartanBackbone(Backbone):
         self._total = 1
         self._sparsity = 0.0
         self._masks: list[Tensor] | None = None
+        self._tied_beta = self.beta  # the β the soft masks were tied to the weights with
         self._frozen_masks: list[Tensor] = []
         self._threshold: Tensor | None = None
         self._warm = _WarmStart()
@@ -477,6 +485,7 @@ class SpartanBackbone(Backbone):
                 values, keep, self.beta, float(t), self.max_iters, self.tol, self.budget_tol
             )
             masks: tuple[Tensor, ...] = _SoftTopKMask.apply(self.beta, self.last.masks, *weights)
+            self._tied_beta = self.beta  # to tie them again after a device move
             self._masks = list(masks)
         else:  # nothing (or everything) pruned: a plain hard mask, as Spartan does
             self._masks = None
@@ -499,7 +508,8 @@ class SpartanBackbone(Backbone):
         for i, target in enumerate(self.targets):
             w = target.weight
             hard = (w.abs() > t).to(w.dtype)
-            frozen.append(hard if self._masks is None else hard * self._masks[i].to(w.dtype))
+            soft = None if self._masks is None else on_device(self._masks, i, w.device)
+            frozen.append(hard if soft is None else hard * soft.to(w.dtype))
         self._frozen_masks = frozen
         self._masks = None
         self.frozen = True
@@ -510,9 +520,32 @@ class SpartanBackbone(Backbone):
         if self.frozen:
             return weight * on_device(self._frozen_masks, index, weight.device)
         keep = weight.abs() > threshold
-        x = weight if self._masks is None else weight * self._masks[index].to(weight.dtype)
+        if self._masks is not None:
+            weight = weight * self._soft_mask(index, weight.device).to(weight.dtype)
+        x = weight
         out: Tensor = _HardMaskSTE.apply(x, keep)
         return out
+
+    def _soft_mask(self, index: int, device: torch.device) -> Tensor:
+        """Soft mask ``index`` on ``device``, where the model's weights now are.
+
+        A model moved after an update (``model.to("cuda")``) meets masks made on
+        the old device, tied by :class:`_SoftTopKMask` to the weights there: they
+        are moved and tied again to the (moved) weights, with the same values and
+        ``β``, so that the backward runs on the new device. Masks restored from a
+        state, which carry no graph until the next update, are only moved.
+        """
+        assert self._masks is not None
+        if self._masks[index].device != device:
+            values = [m.detach().to(device) for m in self._masks]
+            if self._masks[0].grad_fn is None:
+                self._masks = values
+            else:
+                with outside_inference_mode(), torch.enable_grad():
+                    weights = [t.weight for t in self.targets]
+                    tied = _SoftTopKMask.apply(self._tied_beta, values, *weights)
+                self._masks = list(tied)
+        return self._masks[index]
 
     def pruned_mask(
         self, index: int, weight: Tensor, threshold: Tensor, operator: Operator | None = None

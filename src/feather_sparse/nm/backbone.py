@@ -212,13 +212,14 @@ class NMBackbone(Backbone):
             if self._at_start and (self.rescale or self.freeze):
                 # the stored weights (``weights`` are detached views): a forward meets those
                 self._taken = [(id(t.weight), w.dtype) for t, w in zip(self.targets, weights)]
-        # One 0-d tensor per device (the Pruner copies each into its layer's buffer).
-        value = torch.tensor(min(ramp, 1.0), dtype=torch.float32)
+        # One 0-d tensor per device (the Pruner copies each into its layer's buffer),
+        # filled there: a copy from the host would wait for a GPU at every step.
+        value = min(ramp, 1.0)
         on: dict[torch.device, Tensor] = {}
-        return [
-            on[w.device] if w.device in on else on.setdefault(w.device, value.to(w.device))
-            for w in weights
-        ]
+        for w in weights:
+            if w.device not in on:
+                on[w.device] = torch.full((), value, dtype=torch.float32, device=w.device)
+        return [on[w.device] for w in weights]
 
     @torch.no_grad()
     def _rescale_factors(
