@@ -1,12 +1,46 @@
-"""Tensor-parallel tests: one training step of a sharded model checked against one process."""
+"""Tensor-parallel tests: the model, its Megatron plan, and one training step of the sharded
+model checked against one process."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 import feather_sparse as fs
+
+#: The mark of every test file here: 2 or 4 gloo processes on the CPU.
+NEEDS_GLOO = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed + gloo"
+)
+
+INPUTS, HIDDEN, OUTPUTS = 16, 24, 8
+
+
+def mlp(seed: int = 0, hidden: int = HIDDEN, whole_tail: bool = False) -> nn.Sequential:
+    """Linear → ReLU → Linear, the same weights on every rank (as ``parallelize_module``
+    expects); ``whole_tail`` adds a ReLU and a Linear that tensor parallelism leaves whole
+    (FSDP2 shards it on ``dp`` alone, on a 2-D mesh)."""
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = [nn.Linear(INPUTS, hidden), nn.ReLU(), nn.Linear(hidden, OUTPUTS)]
+    if whole_tail:
+        layers += [nn.ReLU(), nn.Linear(OUTPUTS, OUTPUTS)]
+    return nn.Sequential(*layers)
+
+
+def megatron(model: nn.Module, mesh: Any) -> nn.Module:
+    """The Megatron pair on ``mesh``: layer ``0`` column-wise, layer ``2`` row-wise (in place)."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    return model
 
 
 def report_of(pruner: fs.Pruner) -> dict[str, Any]:

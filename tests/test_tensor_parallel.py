@@ -21,21 +21,16 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 import feather_sparse as fs
 from _dist import launch
 from _guards import guard
-from _tp import step_against_one
+from _tp import HIDDEN, INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp, step_against_one
 
 WORLD = 2
 STEPS = 4
-INPUTS, HIDDEN, OUTPUTS = 16, 24, 8
-
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed + gloo"
-)
+pytestmark = NEEDS_GLOO
 
 #: What each Pruner is: unstructured with a moving threshold, and 2:4 (θ < 1 in both).
 KINDS: dict[str, dict[str, Any]] = {
@@ -45,21 +40,13 @@ KINDS: dict[str, dict[str, Any]] = {
 
 
 def _mlp(hidden: int = HIDDEN) -> nn.Sequential:
-    torch.manual_seed(0)  # the same weights on every rank, as parallelize_module expects
-    return nn.Sequential(nn.Linear(INPUTS, hidden), nn.ReLU(), nn.Linear(hidden, OUTPUTS))
+    return mlp(hidden=hidden)
 
 
 def _parallelize(model: nn.Sequential) -> nn.Sequential:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
 
-    mesh = init_device_mesh("cpu", (WORLD,))
-    plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
-    parallelize_module(model, mesh, plan)  # in place
+    megatron(model, init_device_mesh("cpu", (WORLD,)))
     return model
 
 

@@ -25,24 +25,19 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 import feather_sparse as fs
 from _dist import launch
 from _guards import guard
-from _tp import step_against_one
+from _tp import INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp, step_against_one
 
 #: Per number of processes, the (dp, tp) meshes run on them.
 MESHES = {2: [(1, 2), (2, 1)], 4: [(2, 2)]}
 WORLD_HSDP = 2  # HSDP's replicas, checked on the 2-process launch
 STEPS = 4
 BATCH = 4  # per dp rank
-INPUTS, HIDDEN, OUTPUTS = 16, 24, 8
-
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed + gloo"
-)
+pytestmark = NEEDS_GLOO
 
 #: What each Pruner is: unstructured with a moving threshold, and 2:4 (θ < 1 in both).
 KINDS: dict[str, dict[str, Any]] = {
@@ -52,14 +47,7 @@ KINDS: dict[str, dict[str, Any]] = {
 
 
 def _mlp() -> nn.Sequential:
-    torch.manual_seed(0)  # the same weights on every rank, as parallelize_module expects
-    return nn.Sequential(
-        nn.Linear(INPUTS, HIDDEN),
-        nn.ReLU(),
-        nn.Linear(HIDDEN, OUTPUTS),
-        nn.ReLU(),
-        nn.Linear(OUTPUTS, OUTPUTS),  # left whole by tensor parallelism: FSDP2 shards it on dp
-    )
+    return mlp(whole_tail=True)
 
 
 def _mesh(shape: tuple[int, int]) -> Any:
@@ -69,13 +57,7 @@ def _mesh(shape: tuple[int, int]) -> Any:
 
 
 def _tensor_parallel(model: nn.Sequential, mesh: Any) -> None:
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    megatron(model, mesh["tp"])
 
 
 def _fully_shard(model: nn.Sequential, mesh: Any) -> None:

@@ -22,41 +22,30 @@ from typing import Any, cast
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 import feather_sparse as fs
 from _dist import launch
+from _tp import INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp
 from feather_sparse import distributed
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed + gloo"
-)
+pytestmark = NEEDS_GLOO
 
 WORLD = 2
 HALF, STEPS = 3, 6  # checkpoint after HALF steps, of STEPS in all
-INPUTS, HIDDEN, OUTPUTS = 16, 24, 8
 KINDS = ["unstructured", "2:4"]
 PLAIN_KEYS = ["0.weight", "0.bias", "2.weight", "2.bias"]
 
 
 def _mlp(seed: int = 0) -> nn.Sequential:
-    torch.manual_seed(seed)  # the same weights on every rank, as parallelize_module expects
-    return nn.Sequential(nn.Linear(INPUTS, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUTPUTS))
+    return mlp(seed)
 
 
 def _build(kind: str, seed: int = 0) -> tuple[nn.Sequential, fs.Pruner, torch.optim.Optimizer]:
     """The recipe's order: parallelize_module, the Pruner, the optimizer."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
 
-    model = _mlp(seed)
-    mesh = init_device_mesh("cpu", (WORLD,))
-    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    model = megatron(_mlp(seed), init_device_mesh("cpu", (WORLD,)))
     if kind == "2:4":
         pruner = fs.Pruner(model, pattern="2:4", theta=0.5)
     else:  # the cubic schedule moves the threshold every step: a resume at the wrong step shows
@@ -228,14 +217,7 @@ BATCH_2D = 4  # per dp rank
 
 
 def _mlp_2d(seed: int = 0) -> nn.Sequential:
-    torch.manual_seed(seed)  # the same weights on every rank
-    return nn.Sequential(
-        nn.Linear(INPUTS, HIDDEN),
-        nn.ReLU(),
-        nn.Linear(HIDDEN, OUTPUTS),
-        nn.ReLU(),
-        nn.Linear(OUTPUTS, OUTPUTS),  # left whole by tensor parallelism: FSDP2 shards it on dp
-    )
+    return mlp(seed, whole_tail=True)
 
 
 def _build_2d(
@@ -244,15 +226,10 @@ def _build_2d(
     """The 2-D recipe: parallelize_module on tp, the Pruner, fully_shard on dp, the optimizer."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
 
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
     model = _mlp_2d(seed)
-    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    megatron(model, mesh["tp"])
     if kind == "2:4":
         pruner = fs.Pruner(model, pattern="2:4", theta=0.5)
     else:
