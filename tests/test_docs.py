@@ -213,6 +213,11 @@ COMMAND_PAGES = [
     "docs/results/README.md",
     "docs/benchmarks.md",
     "docs/benchmarks-nm.md",
+    "docs/guide/export.md",
+    "docs/guide/integrations.md",
+    "docs/guide/transformers.md",
+    "docs/distributed.md",
+    "docs/guide/distributed.md",
 ]
 
 # Stand-ins for the shell variables and placeholders the pages' loops use.
@@ -243,6 +248,7 @@ def _shell_lines(block: str) -> list[str]:
 
 
 def _words(line: str) -> list[str]:
+    line = re.sub(r"\[(--[^\]]*)\]", r"\1", line)  # an optional flag shown `[--opset 18]`
     try:
         return shlex.split(line)
     except ValueError:  # a quoted program cut at a `;` (python -c "...; ...")
@@ -333,6 +339,25 @@ class _Parsed(Exception):
     pass
 
 
+def _parse_only(path: Path, flags: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the script ``path`` with ``flags`` until its argparse parser has accepted them."""
+    import argparse
+    import runpy
+
+    assert "argparse" in path.read_text(encoding="utf-8"), f"{path.name} takes no flags"
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        parse(self, *args, **kwargs)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.syspath_prepend(str(path.parent))
+    monkeypatch.setattr(sys, "argv", [str(path), *flags])
+    with pytest.raises(_Parsed):
+        runpy.run_path(str(path), run_name="__main__")
+
+
 @pytest.mark.parametrize(
     ("page", "script", "flags"),
     [c for c in _benchmark_commands() if c[2]],
@@ -343,22 +368,65 @@ def test_benchmark_flags_on_the_pages_exist(
 ) -> None:
     """The script's own parser accepts the flags the page gives it (the benchmark
     itself does not run: parsing stops it)."""
-    import argparse
-    import runpy
+    _parse_only(ROOT / "benchmarks" / script, flags, monkeypatch)
 
-    path = ROOT / "benchmarks" / script
-    assert "argparse" in path.read_text(encoding="utf-8"), f"{script} takes no flags"
-    parse = argparse.ArgumentParser.parse_args
 
-    def parse_then_stop(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        parse(self, *args, **kwargs)
-        raise _Parsed
+def _example_commands() -> list[tuple[str, str, list[str]]]:
+    """``(page, script, flags)`` for every `python examples/x.py ...` in a page's code blocks."""
+    found = []
+    for page in COMMAND_PAGES:
+        for block in _code_blocks((ROOT / page).read_text(encoding="utf-8")):
+            for line in _shell_lines(block):
+                words = _words(line)
+                for i, word in enumerate(words):
+                    if re.fullmatch(r"examples/\w+\.py", word):
+                        found.append((page, word, words[i + 1 :]))
+    return found
 
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.setattr(sys, "argv", [str(path), *flags])
-    with pytest.raises(_Parsed):
-        runpy.run_path(str(path), run_name="__main__")
+
+def test_pages_name_only_example_scripts_that_exist() -> None:
+    found = _example_commands()
+    assert {script for _, script, _ in found} >= {"examples/prune_transformer.py"}
+    for page, script, _ in found:
+        assert (ROOT / script).is_file(), f"{page} runs a missing {script}"
+
+
+@pytest.mark.parametrize(
+    ("page", "script", "flags"),
+    _example_commands(),
+    ids=[f"{p}:{s} {' '.join(f)}" for p, s, f in _example_commands()],
+)
+def test_example_flags_on_the_pages_exist(
+    page: str, script: str, flags: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An example script's parser accepts the flags a page gives it (nothing trains)."""
+    _parse_only(ROOT / script, flags, monkeypatch)
+
+
+def _torchrun_commands() -> list[tuple[str, list[str]]]:
+    found = []
+    for page in COMMAND_PAGES:
+        for block in _code_blocks((ROOT / page).read_text(encoding="utf-8")):
+            for line in _shell_lines(block):
+                words = _words(line)
+                if words[:1] == ["torchrun"]:
+                    found.append((page, words[1:]))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("page", "argv"),
+    _torchrun_commands(),
+    ids=[f"{p}:torchrun {' '.join(a)[:60]}" for p, a in _torchrun_commands()],
+)
+def test_torchrun_flags_on_the_pages_exist(page: str, argv: list[str]) -> None:
+    """torchrun's own parser accepts the launcher flags a page shows (the program's
+    flags, after it, are checked as `feather-sparse` commands above)."""
+    from torch.distributed.run import get_args_parser
+
+    args = get_args_parser().parse_args(argv)  # an unknown launcher flag exits 2 here
+    assert args.training_script in ("feather_sparse", "feather-sparse"), argv
+    assert args.module == (args.training_script == "feather_sparse"), argv
 
 
 def test_settings_snippet_runs_in_its_context() -> None:
@@ -431,3 +499,249 @@ def test_nm_size_table_is_what_its_command_prints(
         line for line in section.split("\n\n## ", 1)[0].splitlines() if line.startswith("| mnist")
     ]
     assert len(printed) == 6 and shown == printed
+
+
+def _python_blocks(page: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_export_page_snippets_run_in_their_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/guide/export.md, in order: save a training checkpoint, resume from it in
+    a fresh model (the optimizer built before the Pruner, as in the run that saved
+    it), finalize, and round-trip the `.fsp` file; the names the prose supplies
+    (a model `create_model` built, its optimizer and Pruner) are defined here."""
+    import torch
+
+    import feather_sparse as fs
+
+    saving, resuming, finalizing, fsp = _python_blocks("docs/guide/export.md")
+    monkeypatch.chdir(tmp_path)
+
+    def train(scope: dict[str, Any], steps: int) -> None:
+        model, optimizer, pruner = scope["model"], scope["optimizer"], scope["pruner"]
+        for _ in range(steps):
+            loss = model(torch.randn(4, 1, 40)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            pruner.step()
+
+    with one_thread():
+        torch.manual_seed(0)
+        model = fs.create_model("mnist1d_mlp")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        pruner = fs.Pruner(model, sparsity=0.9, total_steps=6)
+        first = {"torch": torch, "model": model, "optimizer": optimizer, "pruner": pruner}
+        train(first, 3)
+        exec(compile(saving, "export.md[python block 0]", "exec"), first)
+
+        checkpoint = torch.load("checkpoint.pt")
+        second: dict[str, Any] = {
+            "torch": torch,
+            "fs": fs,
+            "model": fs.create_model("mnist1d_mlp"),
+            "checkpoint": checkpoint,
+        }
+        exec(compile(resuming, "export.md[python block 1]", "exec"), second)
+        assert second["pruner"].current_step == 3
+        train(second, 3)  # "continues exactly where the saved run would have"
+        exec(compile(finalizing, "export.md[python block 2]", "exec"), second)
+        assert second["sparsity"] == pytest.approx(0.9, abs=1e-3)
+        assert set(torch.load("model.pt")) == set(fs.create_model("mnist1d_mlp").state_dict())
+
+        baked = {k: v.clone() for k, v in second["model"].state_dict().items()}
+        exec(compile(fsp, "export.md[python block 3]", "exec"), second)
+        loaded = second["model"].state_dict()
+        assert second["info"].path.endswith("model.fsp")
+        assert all(torch.equal(loaded[k], v) for k, v in baked.items())
+
+
+class _TinyTransformer(nn.Module):
+    """Linear blocks and a `head`, as the transformer page's snippet expects."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = nn.Embedding(16, 8)
+        self.blocks = nn.Sequential(nn.Linear(8, 24), nn.ReLU(), nn.Linear(24, 8))
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, x: Any) -> Any:
+        return self.head(self.blocks(self.token(x)))
+
+
+def test_transformers_page_pruner_snippet_runs_in_its_context() -> None:
+    """docs/guide/transformers.md's "part that matters" (its `...` stands for the
+    forward and backward): the blocks are pruned, the head and embedding stay dense."""
+    import torch
+
+    import feather_sparse as fs
+
+    block = _python_blocks("docs/guide/transformers.md")[0]
+    model = _TinyTransformer()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scope: dict[str, Any] = {"fs": fs, "nn": nn, "model": model, "steps": 5, "optimizer": optimizer}
+    with one_thread():
+        exec(compile(block, "transformers.md[python block 0]", "exec"), scope)
+    assert [row.name for row in scope["report"].layers] == ["blocks.0", "blocks.2"]
+    blocks = [layer.weight for layer in model.blocks if isinstance(layer, nn.Linear)]
+    zeros = sum(int((w == 0).sum()) for w in blocks)
+    assert zeros == round(0.8 * sum(w.numel() for w in blocks))
+    assert int((model.head.weight == 0).sum()) == int((model.token.weight == 0).sum()) == 0
+
+
+def _tiny_bert_config(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``transformers.BertConfig`` at a tiny size (the pages build the full-size one)."""
+    transformers = pytest.importorskip("transformers")
+    full = transformers.BertConfig
+    tiny = {
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 32,
+    }
+    monkeypatch.setattr(transformers, "BertConfig", lambda **kw: full(**{**tiny, **kw}))
+    return transformers
+
+
+def test_transformers_page_bert_snippet_names_real_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The BERT example (at a tiny size) builds, and the names the page excludes are
+    modules of the models: `classifier`, and `cls.predictions.decoder` of a masked LM."""
+    transformers = _tiny_bert_config(monkeypatch)
+    block = _python_blocks("docs/guide/transformers.md")[1]
+    scope: dict[str, Any] = {}
+    exec(compile(block, "transformers.md[python block 1]", "exec"), scope)
+    assert "classifier" in dict(scope["model"].named_modules())
+    mlm = transformers.BertForMaskedLM(transformers.BertConfig())
+    assert "cls.predictions.decoder" in dict(mlm.named_modules())
+
+
+def test_integrations_page_trainer_snippet_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/guide/integrations.md's Trainer example as written, on a tiny BERT and
+    32 samples (the page's `model` and `train_data`): the Pruner steps once per
+    optimizer step, and the saved final model has the target sparsity."""
+    import torch
+
+    transformers = _tiny_bert_config(monkeypatch)
+    pytest.importorskip("accelerate")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    block = _python_blocks("docs/guide/integrations.md")[0]
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(transformers.BertConfig(num_labels=2))
+    g = torch.Generator().manual_seed(1)
+    ids, labels = (
+        torch.randint(0, 64, (32, 16), generator=g),
+        torch.randint(0, 2, (32,), generator=g),
+    )
+    train_data = [{"input_ids": ids[i], "labels": labels[i]} for i in range(32)]
+    scope: dict[str, Any] = {"model": model, "train_data": train_data}
+    with one_thread():
+        exec(compile(block, "integrations.md[python block 0]", "exec"), scope)
+    callback, trainer = scope["callback"], scope["trainer"]
+    assert callback.pruner.current_step == trainer.state.global_step > 0
+    final = transformers.BertForSequenceClassification.from_pretrained("out/final")
+    assert callback.final_sparsity == pytest.approx(0.9, abs=1e-3)
+    assert int((final.classifier.weight == 0).sum()) == 0  # excluded
+    assert int((final.bert.encoder.layer[0].output.dense.weight == 0).sum()) > 0
+
+
+class _LitNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: Any) -> Any:
+        return self.head(self.body(x).relu())
+
+
+def test_integrations_page_lightning_snippet_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Lightning example as written, for a small module whose head is `net.head`
+    (the page's `module` and `train_loader`)."""
+    import torch
+
+    L = pytest.importorskip("lightning.pytorch")
+    monkeypatch.chdir(tmp_path)
+    base: Any = L.LightningModule
+
+    class Module(base):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _LitNet()
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    block = _python_blocks("docs/guide/integrations.md")[1]
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,)))
+    module = Module()
+    scope: dict[str, Any] = {
+        "module": module,
+        "train_loader": torch.utils.data.DataLoader(data, batch_size=8),
+    }
+    with one_thread():
+        exec(compile(block, "integrations.md[python block 1]", "exec"), scope)
+    callback = scope["callback"]
+    assert callback.pruner.current_step == 10 * 4 // 2  # epochs x batches / accumulation
+    assert callback.final_sparsity == pytest.approx(0.9, abs=1 / 128)
+    assert int((module.net.head.weight == 0).sum()) == 0  # excluded
+
+
+def test_integrations_page_ao_snippet_runs() -> None:
+    """The `torch.ao.pruning`-style example, on a model with `fc1` and `fc2`."""
+    from torch.nn.utils import parametrize
+
+    block = _python_blocks("docs/guide/integrations.md")[3]
+    fc1, fc2, out = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(4, 2)
+    model = nn.Sequential()
+    for name, layer in (("fc1", fc1), ("fc2", fc2), ("out", out)):
+        model.add_module(name, layer)
+    scope: dict[str, Any] = {"model": model}
+    exec(compile(block, "integrations.md[python block 3]", "exec"), scope)
+    assert parametrize.is_parametrized(fc1) and parametrize.is_parametrized(fc2)
+    assert not parametrize.is_parametrized(out)
+
+
+def test_distributed_page_compile_snippet_runs_in_its_context() -> None:
+    """docs/distributed.md's torch.compile block (the page's only one-process block
+    that needs no GPU): it wraps the model the Pruner is attached to. The compiled
+    training itself is tests/test_compile.py's."""
+    import torch
+
+    import feather_sparse as fs
+
+    (block,) = [b for b in _python_blocks("docs/distributed.md") if "torch.compile" in b]
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    scope: dict[str, Any] = {"fs": fs, "torch": torch, "model": model, "total_steps": 10}
+    exec(compile(block, "distributed.md[torch.compile block]", "exec"), scope)
+    assert scope["compiled"]._orig_mod is model
+    assert scope["pruner"].config()["sparsity"] == 0.9
+
+
+def test_integrations_page_manual_optimization_snippet_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GAN sketch (its `...` left as they are) defines the module and a Trainer
+    that carries the callback; training it needs the parts the page leaves out."""
+    L = pytest.importorskip("lightning.pytorch")
+    from feather_sparse.integrations.lightning import FeatherCallback
+
+    monkeypatch.chdir(tmp_path)
+    block = _python_blocks("docs/guide/integrations.md")[2]
+    scope: dict[str, Any] = {"L": L, "FeatherCallback": FeatherCallback}
+    exec(compile(block, "integrations.md[python block 2]", "exec"), scope)
+    assert scope["GAN"]().automatic_optimization is False
+    assert any(isinstance(c, FeatherCallback) for c in scope["trainer"].callbacks)
