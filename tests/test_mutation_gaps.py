@@ -210,6 +210,34 @@ def test_counts_past_two_to_the_24_stay_exact() -> None:
     assert float(kth_magnitude([w], n_ties + 1)) == 1.0
 
 
+@pytest.mark.parametrize("hint", [None, 0.5])
+def test_zeros_next_to_the_least_subnormal_keep_their_rank(
+    monkeypatch: pytest.MonkeyPatch, hint: float | None
+) -> None:
+    """sel21 (0 no longer split off from a window that starts below 0): the k-th
+    magnitude is exact when zeros and the least subnormal (the float next to 0)
+    are too many to gather.
+
+    Without a part of its own for 0, a window holding both values has no
+    boundary left inside it, and the search answered the subnormal for the
+    rank of a zero (ranks 9 to 14 here). Tiny gather caps force the
+    histogramming path, as on a large model.
+    """
+    from feather_sparse import selection
+
+    monkeypatch.setattr(selection, "CHUNK", 37)
+    monkeypatch.setattr(selection, "GATHER_CAP", 5)
+    monkeypatch.setattr(selection, "GATHER_DIVISOR", 1 << 62)  # the cap is GATHER_CAP
+    least = float(torch.nextafter(torch.tensor(0.0), torch.tensor(1.0)))  # 2^-149
+    g = torch.Generator().manual_seed(0)
+    for zeros, subnormals in ((20, 20), (3, 30)):
+        w = [torch.zeros(zeros), torch.full((subnormals,), -least), torch.randn(40, generator=g)]
+        ranked = torch.cat([x.abs() for x in w]).sort().values
+        for k in range(1, ranked.numel() + 1):
+            got = float(selection.kth_magnitude(w, k, hint=hint))
+            assert got == float(ranked[k - 1]), (zeros, subnormals, k)
+
+
 # ------------------------------------------------------------- export/codec.py: .fsp encodings
 # The decoders run behind each record's CRC-32, so they see corrupt bytes only
 # when the checksum was recomputed over them (an edited file, a faulty writer);

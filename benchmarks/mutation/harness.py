@@ -10,12 +10,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(os.environ.get("MUT_ROOT", "/tmp/mut"))  # a scratch clone, never the working tree
 
 
-def load(spec_file: str):
+def load(spec_file: str) -> Any:
     spec = importlib.util.spec_from_file_location("muts", spec_file)
+    assert spec is not None and spec.loader is not None, spec_file
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -37,8 +39,8 @@ def main() -> None:
     spec_file, out_file = sys.argv[1], sys.argv[2]
     only = set(sys.argv[3:])
     mod = load(spec_file)
-    path = ROOT / mod.FILE
-    original = path.read_text()
+    files = {m.get("file", mod.FILE) for m in mod.MUTATIONS} | {mod.FILE}
+    originals = {f: (ROOT / f).read_text() for f in files}
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     results = []
     try:
@@ -46,13 +48,15 @@ def main() -> None:
             mid, old, new = m["id"], m["old"], m["new"]
             if only and mid not in only:
                 continue
+            path = ROOT / m.get("file", mod.FILE)  # a mutant may name another file
+            original = originals[m.get("file", mod.FILE)]
             mutated = apply(original, old, new, m.get("occ", 0))
             assert mutated != original
             path.write_text(mutated)
             tests = os.environ.get("EXTRA_TESTS", "").split() + m.get("tests", mod.TESTS)
             cmd = [
                 "timeout",
-                str(m.get("timeout", 240)),
+                str(m.get("timeout", getattr(mod, "TIMEOUT", 240))),
                 sys.executable,
                 "-m",
                 "pytest",
@@ -80,8 +84,9 @@ def main() -> None:
             print(json.dumps(rec), flush=True)
             path.write_text(original)
     finally:
-        path.write_text(original)
-        subprocess.run(["git", "-C", str(ROOT), "checkout", "--", mod.FILE])
+        for f, text in originals.items():
+            (ROOT / f).write_text(text)
+        subprocess.run(["git", "-C", str(ROOT), "checkout", "--", *sorted(files)])
         with open(out_file, "a") as f:
             for r in results:
                 f.write(json.dumps(r) + "\n")

@@ -11,15 +11,15 @@ TESTS = [
 MUTATIONS = [
     dict(
         id="ops01",
-        desc="keep indicator |w| >= T instead of |w| > T (_block)",
-        old="torch.gt(a, t, out=k)",
-        new="torch.ge(a, t, out=k)",
+        desc="prune indicator |w| < T instead of |w| <= T (|w| = T kept; _block)",
+        old="torch.le(a, t, out=u)  # the prune indicator",
+        new="torch.lt(a, t, out=u)  # the prune indicator",
     ),
     dict(
         id="ops02",
         desc="hard path: w*k instead of 0 + w*k (-0.0 where pruned)",
-        old="torch.addcmul(_ZERO, x, k, out=out)  # 0 + w·k",
-        new="torch.mul(x, k, out=out)  # 0 + w·k",
+        old="torch.addcmul(constant(0.0, x), x, u, out=out)",
+        new="torch.mul(x, u, out=out)",
     ),
     dict(
         id="ops03",
@@ -35,9 +35,9 @@ MUTATIONS = [
     ),
     dict(
         id="ops05",
-        desc="tiny clamp on |w| skipped when T may be 0 (0/0 -> NaN)",
-        old="if not t_positive:\n        a.clamp_min_",
-        new="if False:\n        a.clamp_min_",
+        desc="0/0 guard (+1 on pruned |w|) skipped when T may be 0 (0/0 -> NaN)",
+        old="if not t_positive:\n        a.add_(u)",
+        new="if False:\n        a.add_(u)",
     ),
     dict(
         id="ops06",
@@ -90,7 +90,7 @@ MUTATIONS = [
     dict(
         id="ops14",
         desc="grad factor: lower clamp 0 instead of θ (pruned get 0)",
-        old=".clamp_(float(theta), 1.0)",
+        old=".clamp_(low, 1.0)",
         new=".clamp_(0.0, 1.0)",
     ),
     dict(
@@ -138,8 +138,8 @@ MUTATIONS = [
     dict(
         id="ops22",
         desc="Python-float T built in w's dtype (rounded to half for half weights)",
-        old="t = torch.tensor(float(t), dtype=compute_dtype(w.dtype), device=w.device)",
-        new="t = torch.tensor(float(t), dtype=w.dtype, device=w.device)",
+        old="t = torch.full((), float(t), dtype=compute_dtype(w.dtype), device=w.device)",
+        new="t = torch.full((), float(t), dtype=w.dtype, device=w.device)",
     ),
     dict(
         id="ops23",

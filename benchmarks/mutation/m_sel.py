@@ -45,9 +45,9 @@ MUTATIONS = [
     ),
     dict(
         id="sel07",
-        desc="histogram narrowing: lower bound off by one part (bounds[j])",
-        old="lo = w_lo if j == 0 else float(bounds[j - 1])",
-        new="lo = w_lo if j == 0 else float(bounds[min(j, bounds.numel() - 1)])",
+        desc="histogram narrowing: lower bound off by one part (least of part j + 1)",
+        old="comm.union(float(hist.low[j]), float(hist.high[j]))",
+        new="comm.union(float(hist.low[min(j + 1, len(cum) - 1)]), float(hist.high[j]))",
     ),
     dict(
         id="sel08",
@@ -107,8 +107,8 @@ MUTATIONS = [
     dict(
         id="sel17",
         desc="histogram parts [b_i, b_i+1) (bucketize right=True)",
-        old="idx = torch.bucketize(x, bounds, out_int32=True)",
-        new="idx = torch.bucketize(x, bounds, out_int32=True, right=True)",
+        old="idx = torch.bucketize(x, bounds)",
+        new="idx = torch.bucketize(x, bounds, right=True)",
     ),
     dict(
         id="sel18",
@@ -134,8 +134,8 @@ MUTATIONS = [
     dict(
         id="sel21",
         desc="split at 0 dropped for windows starting below 0",
-        old="    if lo < 0.0 < hi:  # the interval",
-        new="    if False:  # the interval",
+        old="floor = -1 if lo < 0.0 else lo_i",
+        new="floor = lo_i",
     ),
     dict(
         id="sel22",

@@ -106,6 +106,31 @@ LOC = {
     "cod23": "`_decode_bitmask`",
     "cod24": "`_decode_values`",
     "cod25": "`_decode_values`",
+    "dist01": "`shard_cuts`",
+    "dist02": "`shard_cuts`",
+    "dist03": "`shard_cuts`",
+    "dist04": "`whole_on_first`",
+    "dist05": "`whole_on_first`",
+    "dist06": "`_sharded_dims`",
+    "dist07": "`shard_group`",
+    "dist08": "`common_shard_group`",
+    "dist09": "`_counted`",
+    "dist10": "`_counted`",
+    "dist11": "`_counted`",
+    "dist12": "`_counted`",
+    "dist13": "`local_weights`",
+    "dist14": "`local_weights`",
+    "dist15": "`local_weights`",
+    "dist16": "`shard_like`",
+    "nmsplit01": "`_splits_groups`",
+    "nmsplit02": "`_splits_groups`",
+    "nmsplit03": "`_splits_groups`",
+    "nmsplit04": "`_group_dim`",
+    "nmsplit05": "`_group_dim`",
+    "nmrep01": "`NMBackbone.report_thresholds`",
+    "nmbeta01": "`NMBackbone._rescale_factors`",
+    "nmbeta02": "`NMBackbone._rescale_factors`",
+    "nmbeta03": "`NMBackbone._rescale_factors`",
 }
 EQUIV = {
     "ops13": "equivalent: with `a = sign(|w| − T) ∈ {−1, 0, 1}` and θ ∈ [0, 1], `θ + a` and `θ + 2a` clamp to the same θ, θ, 1",
@@ -116,6 +141,8 @@ EQUIV = {
     "sel23": "equivalent: every comparison casts the Python-float bound to the working dtype anyway (`torch.le(float32, 0.1)` compares with float32(0.1)), and `_split_evenly` rounds it the same way",
     "sel24": "equivalent in results: a window of exactly `cap` magnitudes is histogrammed instead of gathered, then narrowed",
     "cod19": "equivalent: `decode_nm` checks sizes and positions and raises `ValueError` itself; 20,000 fuzzed corrupt inputs gave no `IndexError`",
+    "dist09": "equivalent in results: the slices of a larger mesh hold the weight alike (one copy per slice, the same values), so whichever one slice counts, each shard is counted once with the same values",
+    "dist10": "equivalent in results: a shard's holders in the group are replicas of the same values; any one of them counting it (the highest instead of the lowest) counts it once",
 }
 
 
@@ -143,51 +170,63 @@ def short(by):
     return "`" + by.replace("tests/", "").split("[")[0] + "`"
 
 
-tot = dict(n=0, before=0, after=0, eq=0)
-for key, title in (
+MODULES = (
     ("ops", "`src/feather_sparse/ops.py`"),
     ("nm", "`src/feather_sparse/nm/operator.py`"),
     ("sel", "`src/feather_sparse/selection.py`"),
     ("codec", "`src/feather_sparse/export/codec.py`"),
-):
-    mod = load("m_" + key)
-    before = res(HERE / "results" / f"results_{key}.jsonl")
-    after = res(HERE / "results" / f"after_{key}.jsonl")
-    print(
-        f"### {title}\n\nTests run: "
-        + ", ".join(f"`{t.replace('tests/', '')}`" for t in mod.TESTS)
-        + ".\n"
-    )
-    print("| id | mutation | location | before | after (test added) |\n|---|---|---|---|---|")
-    n = kb = ka = eq = 0
-    for m in mod.MUTATIONS:
-        r = before[m["id"]]
-        n += 1
-        desc = m["desc"].replace("|", "\\|").replace("*", "·")
-        if r["status"] == "killed":
-            kb += 1
-            ka += 1
-            b = "killed by " + short(r["by"])
-            a = "—"
-        else:
-            b = "survived"
-            if m["id"] in EQUIV:
-                eq += 1
-                a = EQUIV[m["id"]]
+    ("dist", "`src/feather_sparse/distributed.py`, `nm/backbone.py`"),
+)
+
+
+def main() -> None:
+    tot = dict(n=0, before=0, after=0, eq=0)
+    for key, title in MODULES:
+        mod = load("m_" + key)
+        before = res(HERE / "results" / f"results_{key}.jsonl")
+        after = res(HERE / "results" / f"after_{key}.jsonl")
+        own = any("tests" in m for m in mod.MUTATIONS)  # per-mutant test lists
+        print(
+            f"### {title}\n\nTests run"
+            + (f" (each mutant its own few, listed in `m_{key}.py`; from)" if own else "")
+            + ": "
+            + ", ".join(f"`{t.replace('tests/', '')}`" for t in mod.TESTS)
+            + ".\n"
+        )
+        print("| id | mutation | location | before | after (test added) |\n|---|---|---|---|---|")
+        n = kb = ka = eq = 0
+        for m in mod.MUTATIONS:
+            r = before[m["id"]]
+            n += 1
+            desc = m["desc"].replace("|", "\\|").replace("*", "·")
+            if r["status"] == "killed":
+                kb += 1
+                ka += 1
+                b = "killed by " + short(r["by"])
+                a = "—"
             else:
-                ar = after.get(m["id"])
-                if ar and ar["status"] == "killed":
-                    ka += 1
-                    a = "killed by " + short(ar["by"])
+                b = "survived"
+                if m["id"] in EQUIV:
+                    eq += 1
+                    a = EQUIV[m["id"]]
                 else:
-                    a = "**survived**" if ar else "(not rerun)"
-        print(f"| {m['id']} | {desc} | {LOC[m['id']]} | {b} | {a} |")
-    print(
-        f"\nKilled before: {kb}/{n} ({100 * kb / n:.0f} %), {kb}/{n - eq} of the non-equivalent ({100 * kb / (n - eq):.0f} %). "
-        f"After: {ka}/{n - eq} of the non-equivalent ({100 * ka / (n - eq):.0f} %); {eq} judged equivalent.\n"
-    )
-    tot["n"] += n
-    tot["before"] += kb
-    tot["after"] += ka
-    tot["eq"] += eq
-print(tot)
+                    ar = after.get(m["id"])
+                    if ar and ar["status"] == "killed":
+                        ka += 1
+                        a = "killed by " + short(ar["by"])
+                    else:
+                        a = "**survived**" if ar else "(not rerun)"
+            print(f"| {m['id']} | {desc} | {LOC[m['id']]} | {b} | {a} |")
+        print(
+            f"\nKilled before: {kb}/{n} ({100 * kb / n:.0f} %), {kb}/{n - eq} of the non-equivalent ({100 * kb / (n - eq):.0f} %). "
+            f"After: {ka}/{n - eq} of the non-equivalent ({100 * ka / (n - eq):.0f} %); {eq} judged equivalent.\n"
+        )
+        tot["n"] += n
+        tot["before"] += kb
+        tot["after"] += ka
+        tot["eq"] += eq
+    print(tot)
+
+
+if __name__ == "__main__":
+    main()
