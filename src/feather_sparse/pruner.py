@@ -359,7 +359,7 @@ def _warn_dense_attention(model: nn.Module, pruned: set[str]) -> None:
     dense = [(name, n) for name, n in dense if n]
     if dense:
         logger.warning(
-            "%s (%s) keep their Q/K/V projections dense "
+            "%s (%s): the Q/K/V projections stay dense "
             "(%s weights): they are the bare parameter in_proj_weight, not a layer's `weight`, "
             "so only out_proj is pruned; models that project Q/K/V with nn.Linear are pruned whole",
             count(len(dense), "nn.MultiheadAttention module"),
@@ -965,7 +965,7 @@ class Pruner:
                 "layer collapse: %s pruned to 100 %% (every weight below the global threshold); "
                 "such a layer passes no signal. Consider max_layer_sparsity=0.99, gradient "
                 "clipping, or excluding the layer.",
-                ", ".join(new),
+                ", ".join(repr(n) for n in new),
             )
 
     # ------------------------------------------------------------------ updates

@@ -552,7 +552,7 @@ def save_sparse(
     write_atomic(target, data)
     info = _parse_header(str(target), header, target.stat().st_size)
     logger.info(
-        "wrote %s: %d bytes (%.1fx smaller than dense, %.3fx the entropy bound)",
+        "wrote %s: %d bytes (%.1fx smaller than dense, %.3fx the bound H(d)*N + raw values)",
         target,
         info.file_bytes,
         info.dense_bytes / max(info.file_bytes, 1),

@@ -337,7 +337,7 @@ def _parse_header(path: str, compressed: bytes, file_bytes: int) -> SparseFileIn
 
 def _describe_spec(spec: Mapping[str, Any] | None) -> str:
     if not spec:
-        return "unknown model"
+        return "no model spec (load it into your model: fs.load_sparse(path, model))"
     kwargs = ", ".join(f"{k}={v!r}" for k, v in dict(spec.get("kwargs") or {}).items())
     return f"{spec.get('name')}({kwargs})"
 

@@ -125,7 +125,7 @@ def _run_logging(run_dir: Path | None) -> Iterator[None]:
         if handler is not None:  # the console shows the error; the file keeps it too
             handler.handle(
                 logger.makeRecord(
-                    logger.name, logging.ERROR, __file__, 0, "run failed: %r", (err,), None
+                    logger.name, logging.ERROR, __file__, 0, "run stopped: %r", (err,), None
                 )
             )
         raise
