@@ -515,7 +515,21 @@ def test_kills_at_random_points_resume_bit_exactly(tmp_path: Path, straight: Tra
 
 @guard("Ctrl-C during training", "exit 130; says the epoch, step and the `--resume` command")
 def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path: Path) -> None:
-    run = tmp_path / "run"
+    check_stop_and_hint(tmp_path / "run", signal.SIGINT, 130)
+
+
+@guard(
+    "SIGTERM during training (a scheduler's stop, `docker stop`, `timeout`)",
+    "ends as Ctrl-C does: exit 143, says `SIGTERM:`, the epoch, step and the `--resume` "
+    "command (it died without a word)",
+)
+def test_sigterm_stops_training_as_ctrl_c_does(tmp_path: Path) -> None:
+    check_stop_and_hint(tmp_path / "run", signal.SIGTERM, 143)
+
+
+def check_stop_and_hint(run: Path, sig: int, code: int) -> None:
+    """Send ``sig`` to a training run once it wrote a checkpoint: it ends with ``code``
+    and one last line naming where it stopped and the command that continues it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     args = ["train", *SMALL_ARGS, "--epochs", "1000", "--run-dir", str(run)]
     child = subprocess.Popen(
@@ -529,12 +543,13 @@ def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path: Path) -> 
     while not checkpoint_path(run).is_file() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert checkpoint_path(run).is_file(), "no checkpoint written in 300 s"
-    child.send_signal(signal.SIGINT)
+    child.send_signal(sig)
     _, err = child.communicate(timeout=60)
-    assert child.returncode == 130, err
+    assert child.returncode == code, err
     last = err.strip().splitlines()[-1]
     assert "Traceback" not in err
     assert "interrupted in epoch" in last and "step" in last
+    assert last.startswith("feather-sparse train: SIGTERM: ") == (sig == signal.SIGTERM)
     assert last.endswith(f"continue with: feather-sparse train --resume {run}")
     assert load_checkpoint(run)["epoch"] >= 1 and temp_files(run) == []
 

@@ -12,7 +12,9 @@ import json
 import logging
 import math
 import re
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,40 @@ from feather_sparse.train.result import resume_command
 
 #: The shell's code for a process ended by SIGINT (128 + 2).
 INTERRUPTED_EXIT_CODE = 130
+#: The exit code of a run stopped by SIGTERM (128 + 15, as the shell reports a kill by it).
+TERMINATED_EXIT_CODE = 143
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[list[int]]:
+    """Let SIGTERM stop training as Ctrl-C does, while the command runs.
+
+    Schedulers, ``docker stop``, Kubernetes and ``timeout`` send SIGTERM: by
+    default the process then died without a word (its last checkpoint still
+    resumed). Here it raises ``KeyboardInterrupt`` in the main thread, so the
+    run ends as on Ctrl-C: the checkpoint being written is finished or left
+    as it was, and the command says where the run stopped and how to resume.
+    The yielded list records the signal. Only where SIGTERM still has its
+    default action and this is the main thread: a handler someone else set
+    (a launcher, the user's own code) is left alone.
+    """
+    got: list[int] = []
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield got
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
@@ -275,21 +311,27 @@ def run(command: str, args: argparse.Namespace) -> int:
     """Run ``feather-sparse train``; prints the per-layer table and the final numbers.
 
     Ctrl-C prints where the run stopped and how to continue it (exit code
-    130); other errors propagate, and :func:`feather_sparse.cli.main` prints
+    130); so does SIGTERM (a scheduler's stop, ``docker stop``; exit code
+    143). Other errors propagate, and :func:`feather_sparse.cli.main` prints
     them in one line.
 
     Args:
         command: ``"train"``.
         args: the parsed command line.
     """
-    try:
-        return _run(command, args)
-    except TrainingInterrupted as err:
-        print(f"feather-sparse {command}: {err}", file=sys.stderr)
-        return INTERRUPTED_EXIT_CODE
-    except KeyboardInterrupt:
-        print(f"feather-sparse {command}: interrupted before training began", file=sys.stderr)
-        return INTERRUPTED_EXIT_CODE
+    with _terminate_as_interrupt() as terminated:
+        try:
+            return _run(command, args)
+        except KeyboardInterrupt as err:
+            by = "SIGTERM: " if terminated else ""
+            if isinstance(err, TrainingInterrupted):
+                print(f"feather-sparse {command}: {by}{err}", file=sys.stderr)
+            else:
+                print(
+                    f"feather-sparse {command}: {by}interrupted before training began",
+                    file=sys.stderr,
+                )
+            return TERMINATED_EXIT_CODE if terminated else INTERRUPTED_EXIT_CODE
 
 
 def _run(command: str, args: argparse.Namespace) -> int:
