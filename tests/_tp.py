@@ -88,3 +88,25 @@ def step_against_one(
     record["thresholds_one"] = [t.clone() for t in one.thresholds()]
     record["report"], record["report_one"] = report_of(pruner), report_of(one)
     return record
+
+
+def train_against_one(
+    pruner: fs.Pruner,
+    one: fs.Pruner,
+    reference: nn.Module,
+    opt: Any,
+    steps: int,
+    forward: Any,
+) -> list[dict[str, Any]]:
+    """``steps`` steps of the sharded model, each checked against one process: before each,
+    ``reference`` (one process, Pruner ``one``) takes the sharded model's whole weights and
+    Pruner state; ``forward(step)`` returns both losses and both outputs to compare
+    (:func:`step_against_one`)."""
+    records = []
+    for step in range(steps):
+        reference.load_state_dict(pruner.dense_state_dict(full=True))
+        before = pruner.state_dict()
+        one.load_state_dict(before)
+        losses, outs = forward(step)
+        records.append(step_against_one(pruner, one, reference, before, opt, losses, outs))
+    return records

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 import feather_sparse as fs
 from _dist import launch
 from _guards import guard
-from _tp import HIDDEN, INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp, step_against_one
+from _tp import HIDDEN, INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp, train_against_one
 
 WORLD = 2
 STEPS = 4
@@ -63,16 +63,14 @@ def _train(kind: str) -> dict[str, Any]:
     reference = _mlp()
     one = fs.Pruner(reference, **KINDS[kind])
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
-    steps = []
-    for step in range(STEPS):
-        # one process with the same whole weights and the same Pruner state
-        reference.load_state_dict(pruner.dense_state_dict(full=True))
-        before = pruner.state_dict()
-        one.load_state_dict(before)
+
+    def forward(step: int) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
         x, y = _batch(step)
         out, out_one = model(x), reference(x)
         losses = (nn.functional.cross_entropy(out, y), nn.functional.cross_entropy(out_one, y))
-        steps.append(step_against_one(pruner, one, reference, before, opt, losses, (out, out_one)))
+        return losses, (out, out_one)
+
+    steps = train_against_one(pruner, one, reference, opt, STEPS, forward)
     exported = pruner.dense_state_dict(pruned=True, full=True)
     exported_one = one.dense_state_dict(pruned=True)
     achieved = pruner.finalize()

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 import feather_sparse as fs
 from _dist import launch
 from _guards import guard
-from _tp import INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp, step_against_one
+from _tp import INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp, train_against_one
 
 #: Per number of processes, the (dp, tp) meshes run on them.
 MESHES = {2: [(1, 2), (2, 1)], 4: [(2, 2)]}
@@ -88,18 +88,16 @@ def _train(shape: tuple[int, int], kind: str) -> dict[str, Any]:
     reference = _mlp()
     one = fs.Pruner(reference, **KINDS[kind])
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
-    steps = []
-    for step in range(STEPS):
-        reference.load_state_dict(pruner.dense_state_dict(full=True))
-        before = pruner.state_dict()
-        one.load_state_dict(before)
+
+    def forward(step: int) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
         (x_all, y_all), (x, y) = _batch(step, dp_rank, shape[0])
         out, out_all = model(x), reference(x_all)
         # FSDP2 averages the gradients over dp: the mean over the whole batch
         losses = (nn.functional.cross_entropy(out, y), nn.functional.cross_entropy(out_all, y_all))
         part = slice(dp_rank * BATCH, (dp_rank + 1) * BATCH)
-        outs = (out, out_all[part])
-        steps.append(step_against_one(pruner, one, reference, before, opt, losses, outs))
+        return losses, (out, out_all[part])
+
+    steps = train_against_one(pruner, one, reference, opt, STEPS, forward)
     out = {
         "steps": steps,
         "placements": [tuple(map(repr, w.placements)) for w in pruner.weights()],  # type: ignore[attr-defined]
