@@ -219,3 +219,23 @@ def test_ctrl_c_says_how_to_continue(
     assert cli.main([*argv, *SMALL_FLAGS, "--out", str(tmp_path)]) == 130
     err = capsys.readouterr().err
     assert "run the same command again to continue" in err and "Traceback" not in err
+
+
+def test_plan_prints_the_runs_and_trains_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--plan``: the sweep's first line (runs, stored, to train) on standard output, the
+    data checked, nothing trained or written."""
+
+    def no_training(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("--plan trained a run")
+
+    monkeypatch.setattr(feather_sparse.train, "train", no_training)
+    out = tmp_path / "out"
+    argv = ["bench", "operator", "--quick", "--plan", "--jobs", "1", "--out", str(out)]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert (
+        printed.strip() == "operator: 3 distinct runs, 0 stored, 3 to train in 1 process × 1 thread"
+    )
+    assert not out.exists()

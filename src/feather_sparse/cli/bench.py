@@ -8,7 +8,7 @@ import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from feather_sparse._text import count
 from feather_sparse.bench import (
@@ -175,6 +175,12 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     run.add_argument("--out", default=None, help="folder of tables and plots [results]")
     run.add_argument("--runs-dir", default=None, help="folder of the runs [OUT/runs]")
     run.add_argument("--force", action="store_true", help="re-run runs that have results")
+    run.add_argument(
+        "--plan",
+        action="store_true",
+        help="check the data and print how many runs the command would train, how many "
+        "are stored and about how long the rest takes; train nothing",
+    )
 
 
 #: The flags ``bench claims`` reads (it trains nothing: it would ignore every other one).
@@ -405,8 +411,9 @@ def _progress(done: int, total: int, spec: RunSpec, outcome: RunOutcome) -> None
     )
 
 
-def _announce(names: list[str], opts: BenchOptions) -> None:
-    """Check the data, then print how many runs there are to train (and a time estimate)."""
+def _announce(names: list[str], opts: BenchOptions, file: TextIO | None = None) -> None:
+    """Check the data, then print how many runs there are to train (and a time estimate),
+    to ``file`` (standard error by default: the line that starts a sweep)."""
     plan = plan_runs(opts, plan_experiments(names, opts))
     check_data(list(plan.todo.values()))
     todo = len(plan.todo)
@@ -423,7 +430,7 @@ def _announce(names: list[str], opts: BenchOptions) -> None:
         mean = sum(times) / len(times)
         minutes = mean * todo / workers / 60
         line += f"; about {minutes:.0f} min at the stored runs' {mean:.1f} s a run"
-    print(line, file=sys.stderr, flush=True)
+    print(line, file=sys.stderr if file is None else file, flush=True)
 
 
 def run(command: str, args: argparse.Namespace) -> int:
@@ -432,6 +439,9 @@ def run(command: str, args: argparse.Namespace) -> int:
     Args:
         command: ``"bench"``.
         args: the parsed command line.
+
+    With ``--plan``, only checks the data and prints the plan (runs to train,
+    stored, a time estimate from the stored runs' times).
 
     Returns:
         The process exit code (130 when Ctrl-C stopped it).
@@ -447,6 +457,9 @@ def run(command: str, args: argparse.Namespace) -> int:
     names = _experiment_names(args)
     for note in _grid_fit(names, _grid_given(args), _command_name(args))[1]:
         print(note, file=sys.stderr)
+    if args.plan:  # the sweep's first line, and nothing trained
+        _announce(names, opts, sys.stdout)
+        return 0
     try:
         return _run(names, opts)
     except KeyboardInterrupt:
