@@ -50,6 +50,7 @@ __all__ = [
     "ddp_reducer_indices",
     "dtensor_type",
     "fsdp_managed",
+    "is_dtensor",
     "local_weights",
     "on_local_shard",
     "reconnect_ddp",
@@ -76,6 +77,16 @@ def dtensor_type() -> type | None:
     return DTensor
 
 
+def is_dtensor(value: Any) -> bool:
+    """Whether ``value`` is a DTensor (False where torch has no distributed support).
+
+    Args:
+        value: anything.
+    """
+    dtensor = dtensor_type()
+    return dtensor is not None and isinstance(value, dtensor)
+
+
 def to_local(w: Any) -> Tensor:
     """A DTensor's local shard (a plain tensor view, no communication).
 
@@ -89,8 +100,7 @@ def to_local(w: Any) -> Tensor:
 def full_tensor(w: Tensor) -> Tensor:
     """A DTensor gathered whole (a collective: every rank of its mesh calls it); any
     other tensor as it is (FSDP2 leaves buffers plain)."""
-    dtensor = dtensor_type()
-    if dtensor is None or not isinstance(w, dtensor):
+    if not is_dtensor(w):
         return w
     whole: Tensor = w.full_tensor()  # type: ignore[attr-defined]
     return whole
@@ -111,12 +121,10 @@ def shard_like(value: Any, like: Tensor) -> Any:
         value: the whole tensor (every rank's own copy), or anything else.
         like: the weight it is loaded into; its mesh and placements give the layout.
     """
-    dtensor = dtensor_type()
     if (
-        dtensor is None
-        or not isinstance(like, dtensor)
+        not is_dtensor(like)
         or not isinstance(value, Tensor)
-        or isinstance(value, dtensor)
+        or is_dtensor(value)
         or value.shape != like.shape
     ):
         return value
@@ -135,12 +143,12 @@ def on_local_shard(fn: Callable[[Tensor], Tensor], w: Tensor) -> Tensor:
         w: a plain tensor or a DTensor (``fn`` then runs on its local shard, no
             communication).
     """
-    dtensor = dtensor_type()
-    if dtensor is None or not isinstance(w, dtensor):
+    if not is_dtensor(w):
         return fn(w)
     d: Any = w
+    dtensor: Any = dtensor_type()
     local = fn(d.to_local())
-    out: Tensor = dtensor.from_local(  # type: ignore[attr-defined]
+    out: Tensor = dtensor.from_local(
         local, d.device_mesh, d.placements, run_check=False, shape=d.shape, stride=d.stride()
     )
     return out
@@ -410,8 +418,7 @@ def fsdp_managed(model: nn.Module, weights: Sequence[Tensor]) -> bool:
         model: the model the weights belong to.
         weights: its prunable weights.
     """
-    dtensor = dtensor_type()
-    if dtensor is None or not any(isinstance(w, dtensor) for w in weights):
+    if not any(is_dtensor(w) for w in weights):
         return False
     try:
         from torch.distributed.fsdp import FSDPModule

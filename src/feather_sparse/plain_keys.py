@@ -167,7 +167,7 @@ class _PlainLoad:
         stored = parametrizations.weight.original
         if plain not in state_dict:
             if original not in state_dict:  # missing: report it under its plain key
-                self.pending = (prefix, error_msgs, len(error_msgs), _is_dtensor(stored))
+                self.pending = (prefix, error_msgs, len(error_msgs), distributed.is_dtensor(stored))
             return
         if original in state_dict:
             if not _same_tensor(state_dict[original], stored):
@@ -215,11 +215,6 @@ def _strict_load() -> bool:
             return bool(frame.f_locals.get("strict", True))
         frame = frame.f_back  # type: ignore[assignment]
     return False
-
-
-def _is_dtensor(value: Any) -> bool:
-    dtensor = distributed.dtensor_type()
-    return dtensor is not None and isinstance(value, dtensor)
 
 
 def _same_tensor(a: Any, b: Tensor) -> bool:

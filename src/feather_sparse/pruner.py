@@ -135,7 +135,7 @@ class FeatherParametrization(nn.Module):
         if (
             type(weight) is not nn.Parameter
             and type(weight) is not Tensor
-            and isinstance(weight, distributed.dtensor_type() or ())
+            and distributed.is_dtensor(weight)
         ):
             return self._sharded(weight)
         if self.backbone is not None:

@@ -42,7 +42,7 @@ from torch import Tensor
 from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget, on_device
 from feather_sparse.distributed import (
     all_reduce_sum,
-    dtensor_type,
+    is_dtensor,
     shard_cuts,
     to_local,
     whole_on_first,
@@ -161,12 +161,11 @@ class NMBackbone(Backbone):
 
     def setup(self, targets: Sequence[PruneTarget]) -> None:
         orders = [layer_order(t.module, t.weight, self.conv_order) for t in targets]
-        dtensor = dtensor_type()
         for t, order in zip(targets, orders):
             check_layout(t.name, t.module, t.weight, self.pattern, order)
             # Distributed before attaching (FSDP2 is refused earlier): tensor parallelism,
             # whose forward computes each rank's shard alone
-            if dtensor is not None and isinstance(t.weight, dtensor):
+            if is_dtensor(t.weight):
                 self._refuse_split_shards(t, order)
         super().setup(targets)
         self._orders = orders
@@ -364,8 +363,7 @@ class NMBackbone(Backbone):
             index: the layer's position among the targets.
             weight: its stored weight: a plain tensor or a DTensor.
         """
-        dtensor = dtensor_type()
-        if dtensor is None or not isinstance(weight, dtensor):
+        if not is_dtensor(weight):
             return False
         return _splits_groups(weight, self._orders[index] if self._orders else "flat", self.pattern)
 
