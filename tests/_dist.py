@@ -14,6 +14,7 @@ import pickle
 import socket
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -62,3 +63,13 @@ def launch(fn: Callable[[int, int], Any], world: int = 2) -> list[Any]:
     with tempfile.TemporaryDirectory() as out:
         mp.spawn(_entry, args=(world, free_port(), out, fn), nprocs=world, join=True)
         return [pickle.loads(Path(out, f"rank{r}.pkl").read_bytes()) for r in range(world)]
+
+
+def recorded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``fn()``, or ``{"error": <its traceback>}``: inside a launched function, a scenario
+    that raises on every rank alike (no collective left hanging) is reported, and the
+    other scenarios of the launch still run."""
+    try:
+        return fn()
+    except Exception:
+        return {"error": traceback.format_exc()}

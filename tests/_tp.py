@@ -20,6 +20,16 @@ NEEDS_GLOO = pytest.mark.skipif(
 INPUTS, HIDDEN, OUTPUTS = 16, 24, 8
 
 
+def pruner_kinds(steps: int) -> dict[str, dict[str, Any]]:
+    """The Pruner settings of each kind these tests run, for ``steps`` training steps:
+    unstructured, whose cubic schedule moves the threshold at every step (a resume at
+    the wrong step shows), and 2:4; θ < 1 in both."""
+    return {
+        "unstructured": {"sparsity": 0.7, "total_steps": steps, "theta": 0.5},
+        "2:4": {"pattern": "2:4", "theta": 0.5},
+    }
+
+
 def mlp(seed: int = 0, hidden: int = HIDDEN, whole_tail: bool = False) -> nn.Sequential:
     """Linear → ReLU → Linear, the same weights on every rank (as ``parallelize_module``
     expects); ``whole_tail`` adds a ReLU and a Linear that tensor parallelism leaves whole

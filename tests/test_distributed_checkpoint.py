@@ -25,8 +25,6 @@ one-process models.
 from __future__ import annotations
 
 import functools
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 import feather_sparse as fs
-from _dist import launch
+from _dist import launch, recorded
 from _guards import guard
 from feather_sparse import distributed
 
@@ -141,14 +139,6 @@ def _adam(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
     }
 
 
-def _recorded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``fn()``, or the error it raised (every rank raises alike: no collective is left hanging)."""
-    try:
-        return fn()
-    except Exception:
-        return {"error": traceback.format_exc()}
-
-
 # ---------------------------------------------------------------- launch 1: train and save
 def _save_one(rank: int, how: str, kind: str, root: Path) -> dict[str, Any]:
     from torch.distributed import checkpoint as dcp
@@ -166,7 +156,7 @@ def _save_one(rank: int, how: str, kind: str, root: Path) -> dict[str, Any]:
     _train(trained, opt, pruner, rank, 0, HALF)
     out["pruner"] = pruner.state_dict()
     if how == "fsdp2":
-        out["read"] = _recorded(functools.partial(_read_weights, model))
+        out["read"] = recorded(functools.partial(_read_weights, model))
         out["pruned"] = pruner.dense_state_dict(pruned=True, full=True)
     sharded = get_model_state_dict(trained)
     out["keys"] = list(sharded)
@@ -186,7 +176,7 @@ def _save_one(rank: int, how: str, kind: str, root: Path) -> dict[str, Any]:
     )
     if how == "fsdp2":
         loads = functools.partial(_fsdp2_full_loads, rank, kind, trained, opt)
-        out["full_loads"] = _recorded(loads)
+        out["full_loads"] = recorded(loads)
     else:
         out["wrapper_error"] = _ddp_wrapper_load(kind, sharded)
     _train(trained, opt, pruner, rank, HALF, STEPS)
@@ -305,11 +295,11 @@ def _read_sharded(rank: int, name: str) -> dict[str, Any]:
 
 def _save_all(rank: int, world: int, root: str) -> dict[Any, Any]:
     out: dict[Any, Any] = {
-        (how, kind): _recorded(functools.partial(_save_one, rank, how, kind, Path(root)))
+        (how, kind): recorded(functools.partial(_save_one, rank, how, kind, Path(root)))
         for how, kind in SCENARIOS
     }
     for name in SHARDINGS:
-        out[name] = _recorded(functools.partial(_read_sharded, rank, name))
+        out[name] = recorded(functools.partial(_read_sharded, rank, name))
     return out
 
 
@@ -348,7 +338,7 @@ def _resume_one(rank: int, how: str, kind: str, root: Path) -> dict[str, Any]:
 
 def _resume_all(rank: int, world: int, root: str) -> dict[Any, Any]:
     return {
-        (how, kind): _recorded(functools.partial(_resume_one, rank, how, kind, Path(root)))
+        (how, kind): recorded(functools.partial(_resume_one, rank, how, kind, Path(root)))
         for how, kind in SCENARIOS
     }
 

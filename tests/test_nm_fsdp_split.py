@@ -14,7 +14,6 @@ shards, as before).
 from __future__ import annotations
 
 import functools
-import traceback
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,7 +23,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 import feather_sparse as fs
-from _dist import launch
+from _dist import launch, recorded
 from _guards import guard
 from feather_sparse.distributed import shard_cuts
 from feather_sparse.nm import NMPattern
@@ -133,17 +132,9 @@ def _train(rank: int, layout: str, kind: str) -> dict[str, Any]:
     }
 
 
-def _recorded(fn: Any) -> dict[str, Any]:
-    try:
-        out: dict[str, Any] = fn()
-        return out
-    except Exception:
-        return {"error": traceback.format_exc()}
-
-
 def _scenario(rank: int, world: int) -> dict[Any, Any]:
     return {
-        (layout, kind): _recorded(functools.partial(_train, rank, layout, kind))
+        (layout, kind): recorded(functools.partial(_train, rank, layout, kind))
         for layout in LAYOUTS
         for kind in KINDS
     }

@@ -26,17 +26,14 @@ from torch import Tensor, nn
 import feather_sparse as fs
 from _dist import launch
 from _guards import guard
-from _tp import HIDDEN, INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp, train_against_one
+from _tp import HIDDEN, INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp, pruner_kinds, train_against_one
 
 WORLD = 2
 STEPS = 4
 pytestmark = NEEDS_GLOO
 
 #: What each Pruner is: unstructured with a moving threshold, and 2:4 (θ < 1 in both).
-KINDS: dict[str, dict[str, Any]] = {
-    "unstructured": {"sparsity": 0.7, "total_steps": STEPS, "theta": 0.5},
-    "2:4": {"pattern": "2:4", "theta": 0.5},
-}
+KINDS = pruner_kinds(STEPS)
 
 
 def _mlp(hidden: int = HIDDEN) -> nn.Sequential:

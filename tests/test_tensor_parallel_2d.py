@@ -30,7 +30,7 @@ from torch import Tensor, nn
 import feather_sparse as fs
 from _dist import launch
 from _guards import guard
-from _tp import INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp, train_against_one
+from _tp import INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp, pruner_kinds, train_against_one
 
 #: Per number of processes, the (dp, tp) meshes run on them.
 MESHES = {2: [(1, 2), (2, 1)], 4: [(2, 2)]}
@@ -40,10 +40,7 @@ BATCH = 4  # per dp rank
 pytestmark = NEEDS_GLOO
 
 #: What each Pruner is: unstructured with a moving threshold, and 2:4 (θ < 1 in both).
-KINDS: dict[str, dict[str, Any]] = {
-    "unstructured": {"sparsity": 0.7, "total_steps": STEPS, "theta": 0.5},
-    "2:4": {"pattern": "2:4", "theta": 0.5},
-}
+KINDS = pruner_kinds(STEPS)
 
 
 def _mlp() -> nn.Sequential:

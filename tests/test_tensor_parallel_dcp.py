@@ -15,8 +15,6 @@ Unstructured pruning (a moving threshold) and 2:4.
 from __future__ import annotations
 
 import functools
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,15 +23,15 @@ import torch
 from torch import Tensor, nn
 
 import feather_sparse as fs
-from _dist import launch
-from _tp import INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp
+from _dist import launch, recorded
+from _tp import INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp, pruner_kinds
 from feather_sparse import distributed
 
 pytestmark = NEEDS_GLOO
 
 WORLD = 2
 HALF, STEPS = 3, 6  # checkpoint after HALF steps, of STEPS in all
-KINDS = ["unstructured", "2:4"]
+KINDS = list(pruner_kinds(STEPS))
 PLAIN_KEYS = ["0.weight", "0.bias", "2.weight", "2.bias"]
 
 
@@ -46,10 +44,7 @@ def _build(kind: str, seed: int = 0) -> tuple[nn.Sequential, fs.Pruner, torch.op
     from torch.distributed.device_mesh import init_device_mesh
 
     model = megatron(_mlp(seed), init_device_mesh("cpu", (WORLD,)))
-    if kind == "2:4":
-        pruner = fs.Pruner(model, pattern="2:4", theta=0.5)
-    else:  # the cubic schedule moves the threshold every step: a resume at the wrong step shows
-        pruner = fs.Pruner(model, sparsity=0.7, total_steps=STEPS, theta=0.5)
+    pruner = fs.Pruner(model, **pruner_kinds(STEPS)[kind])
     return model, pruner, torch.optim.Adam(model.parameters(), lr=0.01)
 
 
@@ -73,13 +68,6 @@ def _stored(model: nn.Module) -> dict[str, Tensor]:
         .clone()
         for name, p in model.named_parameters()
     }
-
-
-def _recorded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    try:
-        return fn()
-    except Exception:
-        return {"error": traceback.format_exc()}
 
 
 def _save_one(kind: str, root: Path) -> dict[str, Any]:
@@ -141,11 +129,11 @@ def _resume_one(kind: str, root: Path) -> dict[str, Any]:
 
 
 def _save_all(rank: int, world: int, root: str) -> dict[str, Any]:
-    return {kind: _recorded(functools.partial(_save_one, kind, Path(root))) for kind in KINDS}
+    return {kind: recorded(functools.partial(_save_one, kind, Path(root))) for kind in KINDS}
 
 
 def _resume_all(rank: int, world: int, root: str) -> dict[str, Any]:
-    return {kind: _recorded(functools.partial(_resume_one, kind, Path(root))) for kind in KINDS}
+    return {kind: recorded(functools.partial(_resume_one, kind, Path(root))) for kind in KINDS}
 
 
 @pytest.fixture(scope="module")
@@ -230,10 +218,7 @@ def _build_2d(
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
     model = _mlp_2d(seed)
     megatron(model, mesh["tp"])
-    if kind == "2:4":
-        pruner = fs.Pruner(model, pattern="2:4", theta=0.5)
-    else:
-        pruner = fs.Pruner(model, sparsity=0.7, total_steps=STEPS, theta=0.5)
+    pruner = fs.Pruner(model, **pruner_kinds(STEPS)[kind])
     for layer in (model[0], model[2], model[4]):
         fully_shard(layer, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
@@ -360,7 +345,7 @@ def _resume_one_2d(kind: str, shape: tuple[int, int], root: Path) -> dict[str, A
 
 def _save_all_2d(rank: int, world: int, root: str) -> dict[Any, Any]:
     return {
-        (shape, kind): _recorded(functools.partial(_save_one_2d, kind, shape, Path(root)))
+        (shape, kind): recorded(functools.partial(_save_one_2d, kind, shape, Path(root)))
         for shape in MESHES_2D
         for kind in KINDS
     }
@@ -368,7 +353,7 @@ def _save_all_2d(rank: int, world: int, root: str) -> dict[Any, Any]:
 
 def _resume_all_2d(rank: int, world: int, root: str) -> dict[Any, Any]:
     return {
-        (shape, kind): _recorded(functools.partial(_resume_one_2d, kind, shape, Path(root)))
+        (shape, kind): recorded(functools.partial(_resume_one_2d, kind, shape, Path(root)))
         for shape in MESHES_2D
         for kind in KINDS
     }
@@ -447,7 +432,7 @@ def _full_state_2x2(rank: int, world: int) -> dict[str, Any]:
             "loads": _full_state_loads("2:4", (2, 2), full),
         }
 
-    return _recorded(run)
+    return recorded(run)
 
 
 @pytest.fixture(scope="module")
