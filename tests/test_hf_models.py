@@ -150,7 +150,16 @@ def test_each_family_prunes_finalizes_and_round_trips(name: str, how: str, tmp_p
 
     model.save_pretrained(tmp_path / "hf")
     loaded = type(model).from_pretrained(tmp_path / "hf").eval()
-    fs.save_sparse(model, tmp_path / "m.fsp")
+    info = fs.save_sparse(model, tmp_path / "m.fsp")
+    # every key that shares its tensor with an earlier one is stored as an alias of it
+    first: dict[int, str] = {}
+    for key, value in model.state_dict().items():
+        first.setdefault(value.data_ptr(), key)
+    shared = {
+        k: first[v.data_ptr()] for k, v in model.state_dict().items() if first[v.data_ptr()] != k
+    }
+    assert {r.name: r.alias_of for r in info.tensors if r.is_alias} == shared
+    assert bool(shared) == (tied or name == "bert")  # BERT also ties its decoder's bias
     fresh = fs.load_sparse(tmp_path / "m.fsp", build(name)).eval()
     for other in (loaded, fresh):
         assert not any("parametrizations" in k for k in other.state_dict())

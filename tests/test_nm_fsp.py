@@ -10,7 +10,7 @@ from torch import nn
 
 import feather_sparse as fs
 from feather_sparse.export import codec, inspect_sparse, load_sparse_state_dict, save_sparse
-from feather_sparse.export.header import BASE_FORMAT_VERSION, FORMAT_VERSION
+from feather_sparse.export.header import BASE_FORMAT_VERSION, NM_FORMAT_VERSION
 from feather_sparse.nm import NMPattern, group_view
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -53,7 +53,7 @@ def test_nm_weights_are_stored_as_nm_records_and_load_bit_exactly(
         assert channel.pattern_codec == "bitmask+lzma" and info.format_version == 1
     else:
         assert channel.encoding == f"nm+lzma {spec}"
-        assert info.format_version == FORMAT_VERSION == 2
+        assert info.format_version == NM_FORMAT_VERSION == 2
     state, read = load_sparse_state_dict(path)
     assert read.format_version == info.format_version
     assert_bit_exact(model.state_dict(), state)

@@ -1257,7 +1257,8 @@ class Pruner:
         Args:
             pruned: False gives the stored dense weights (what training
                 continues from); True gives ``P_T(w)``, what the forward uses now,
-                in tensors of their own (editing them changes nothing in the model).
+                in tensors of their own (editing them changes nothing in the model;
+                a tied weight is one tensor under each of its keys, as in ``state_dict``).
             full: True gathers every sharded value (an FSDP2 DTensor) into a
                 whole plain tensor, ready to load into an unsharded model; this
                 is then a **collective**: call it on every rank. Values that are
@@ -1277,10 +1278,14 @@ class Pruner:
             # Every name of every parametrized module: state_dict lists a module
             # registered under two names twice (named_modules lists it once).
             layers = {id(t.module): t for t in self.parametrized_layers()}
+            computed: dict[int, Tensor] = {}  # by parametrization: a tied weight once
             for name, module in self.model.named_modules(remove_duplicate=False):
                 if id(module) in layers:
                     key = _join(name, "weight")
                     param = self._parametrization(layers[id(module)])
+                    if id(param) in computed:  # tied holders share one tensor, as in state_dict
+                        out[key] = computed[id(param)]
+                        continue
                     value = out[key]
                     if self._gathers(param.index, value):  # shards that split N:M groups
                         whole = param(distributed.full_tensor(value))  # a collective
@@ -1288,7 +1293,7 @@ class Pruner:
                     else:
                         value = distributed.on_local_shard(param, value)
                     # a tensor of its own: the forward may be a view of a cache (nm.fused)
-                    out[key] = value.detach().clone()
+                    out[key] = computed[id(param)] = value.detach().clone()
         if full:
             out = {key: distributed.full_tensor(value) for key, value in out.items()}
         return out

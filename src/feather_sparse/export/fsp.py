@@ -7,8 +7,8 @@ plus its non-zero values, and everything else as is. The codecs are in
 :mod:`feather_sparse.export.codec`, the header's records in
 :mod:`feather_sparse.export.header`.
 
-File format (versions 1 and 2)
-------------------------------
+File format (versions 1 to 3)
+-----------------------------
 A safetensors file (no pickle; a JSON header with offsets) holding two uint8
 entries:
 
@@ -72,6 +72,15 @@ included where a group has fewer, then the in-group positions packed in
 ``ceil(log2 M)`` bits each and compressed with raw LZMA2 (codec ``nm+lzma``;
 the record names the pattern) — and stored so when that is smaller than the
 unstructured encoding; only encodings that decode bit for bit are used.
+
+A **tied weight** (format version 3; a file without one is written at the
+lowest version that holds it): an entry that is the same tensor as an earlier
+one — the same storage, offset, shape, strides and dtype, as an LM head tied
+to its token embedding lists it — is stored once. Its record names the
+earlier entry (``alias_of``), repeats its shape, dtype, non-zero count and
+CRC-32, and stores no bytes; loading gives the one tensor under both keys, as
+``model.state_dict()`` did. Overlapping views that differ (a slice of another
+entry) are stored each on its own.
 
 ``values`` precision: ``"fp32"`` is lossless — non-zeros keep their tensor's own
 dtype (float32 stays float32; float16, bfloat16 and float64 tensors keep
@@ -332,6 +341,7 @@ def _attached_message(names: list[str]) -> str:
 
 
 def _zero_fraction(tensors: list[Tensor]) -> float:
+    tensors = list({id(t): t for t in tensors}.values())  # a tied weight once
     zeros = sum(int(torch.count_nonzero(t == 0)) for t in tensors)
     return zeros / max(sum(t.numel() for t in tensors), 1)
 
@@ -363,6 +373,7 @@ def _state_as_finalized(model: nn.Module) -> tuple[dict[str, Tensor], list[str]]
         for plain, (_, tensor_name) in pruned.items()
     }
     out: dict[str, Tensor] = {}
+    computed: dict[int, Tensor] = {}  # by the original's id: a tied weight is computed once
     for key, value in state.items():
         plain = key if key in pruned else None  # the dense weight under its plain key
         if plain is None:
@@ -371,9 +382,35 @@ def _state_as_finalized(model: nn.Module) -> tuple[dict[str, Tensor], list[str]]
             out[key] = value
         elif plain not in out:
             module, tensor_name = pruned[plain]
-            # a tensor of its own: the operator may reuse its output memory
-            out[plain] = getattr(module, tensor_name).detach().clone()
+            plist: Any = getattr(module.parametrizations, tensor_name)
+            original = id(getattr(plist, "original", plist))
+            if original not in computed:
+                # a tensor of its own: the operator may reuse its output memory
+                computed[original] = getattr(module, tensor_name).detach().clone()
+            # tied holders get the one tensor, as the plain model's state_dict gives them
+            out[plain] = computed[original]
     return out, list(pruned)
+
+
+def _storage_key(tensor: Tensor) -> tuple[Any, ...] | None:
+    """What makes two ``state_dict`` entries one tensor (a tied weight), or ``None``.
+
+    Two entries are stored once when they view the same memory the same way:
+    the same storage, offset, shape, strides, dtype and device. Overlapping
+    views that differ (a slice of another entry) are stored each on its own;
+    so are empty tensors and tensor subclasses (a ``DTensor``'s storage is
+    its shard's).
+    """
+    if type(tensor) not in (Tensor, nn.Parameter) or tensor.numel() == 0:
+        return None
+    return (
+        tensor.untyped_storage().data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+        tensor.device,
+    )
 
 
 def _encode_tensor(name: str, tensor: Tensor, values: str) -> tuple[TensorRecord, bytes]:
@@ -535,11 +572,22 @@ def save_sparse(
 
     records: list[TensorRecord] = []
     chunks: list[bytes] = []
+    stored: dict[tuple[Any, ...], TensorRecord] = {}  # by _storage_key: tied weights once
     for name, tensor in state.items():
         if not isinstance(tensor, Tensor):
             raise ValueError(f"state_dict entry {name!r} is not a tensor ({type(tensor).__name__})")
         _check_storable(name, tensor)
-        record, payload = _encode_tensor(name, tensor, values)
+        key = _storage_key(tensor)
+        if key is not None and key in stored:  # the same tensor as an earlier entry
+            first = stored[key]
+            record = TensorRecord(
+                name, first.shape, first.dtype, first.nnz, first.crc32, alias_of=first.name
+            )
+            payload = b""
+        else:
+            record, payload = _encode_tensor(name, tensor, values)
+            if key is not None:
+                stored[key] = record
         records.append(record)
         chunks.append(payload)
 
@@ -694,6 +742,9 @@ def _decode_all(info: SparseFileInfo, data: bytes) -> dict[str, Tensor]:
     offset = 0
     for record in info.tensors:
         size = record.stored_bytes
+        if record.alias_of is not None:  # the same tensor under a second key, as saved
+            state[record.name] = state[record.alias_of]
+            continue
         try:
             state[record.name] = _decode_record(record, data[offset : offset + size])
         except ValueError as err:
@@ -839,7 +890,12 @@ def _without_compile_prefix(info: SparseFileInfo) -> SparseFileInfo:
     if not info.tensors or not all(r.name.startswith(_COMPILED_PREFIX) for r in info.tensors):
         return info
     tensors = tuple(
-        dataclasses.replace(r, name=r.name.removeprefix(_COMPILED_PREFIX)) for r in info.tensors
+        dataclasses.replace(
+            r,
+            name=r.name.removeprefix(_COMPILED_PREFIX),
+            alias_of=None if r.alias_of is None else r.alias_of.removeprefix(_COMPILED_PREFIX),
+        )
+        for r in info.tensors
     )
     return dataclasses.replace(info, tensors=tensors)
 

@@ -23,12 +23,14 @@ from feather_sparse.models import MODEL_SPEC_ATTR  # re-exported: the attribute 
 from feather_sparse.nm.operator import NMPattern
 
 __all__ = [
+    "ALIAS_FORMAT_VERSION",
     "BASE_FORMAT_VERSION",
     "DATA_KEY",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "HEADER_KEY",
     "MODEL_SPEC_ATTR",
+    "NM_FORMAT_VERSION",
     "SparseFileInfo",
     "TensorRecord",
     "file_version",
@@ -39,9 +41,15 @@ __all__ = [
 #: Name written into (and required from) every sparse checkpoint.
 FORMAT_NAME = "feather-sparse"
 #: The newest version of the file layout, which this code writes and reads:
-#: 2 adds N:M records (``nm+lzma``). A file without one is written as
-#: :data:`BASE_FORMAT_VERSION`, so that readers older than N:M read it too.
-FORMAT_VERSION = 2
+#: 2 adds N:M records (``nm+lzma``), 3 adds alias records (a tensor shared by
+#: two ``state_dict`` keys, a tied weight, stored once). A file is written at
+#: the lowest version that holds its records (:func:`file_version`), so that
+#: older readers read every file that needs nothing newer.
+FORMAT_VERSION = 3
+#: The version that added N:M records.
+NM_FORMAT_VERSION = 2
+#: The version that added alias records.
+ALIAS_FORMAT_VERSION = 3
 #: The version of files that hold no N:M record (the layout before N:M).
 BASE_FORMAT_VERSION = 1
 #: The safetensors entries of a sparse checkpoint.
@@ -71,6 +79,10 @@ class TensorRecord:
         value_planes: stored bytes of each byte plane of the values (sparse entries).
         nm_pattern: ``"2:4"`` for an N:M record (``pattern_codec`` ``nm+lzma``),
             whose values are ``N`` per group, zeros included where a group has fewer.
+        alias_of: for an *alias record* (format version 3), the name of the
+            earlier entry this one is the same tensor as (a tied weight:
+            ``model.state_dict()`` lists one tensor under two keys). It stores
+            no bytes; its shape, dtype, ``nnz`` and ``crc32`` repeat that entry's.
     """
 
     name: str
@@ -83,6 +95,7 @@ class TensorRecord:
     values_dtype: str | None = None
     value_planes: tuple[int, ...] = ()
     nm_pattern: str | None = None
+    alias_of: str | None = None
 
     @property
     def numel(self) -> int:
@@ -95,8 +108,15 @@ class TensorRecord:
         return self.pattern_codec is not None
 
     @property
+    def is_alias(self) -> bool:
+        """Whether the entry is the same tensor as an earlier one (stored there)."""
+        return self.alias_of is not None
+
+    @property
     def encoding(self) -> str:
-        """``"dense"``, the pattern codec's name, or ``"nm+lzma 2:4"``."""
+        """``"dense"``, a pattern codec's name, ``"nm+lzma 2:4"``, or ``"= <name>"`` (an alias)."""
+        if self.alias_of is not None:
+            return f"= {self.alias_of}"
         if self.nm_pattern is not None:
             return f"{self.pattern_codec} {self.nm_pattern}"
         return self.pattern_codec or "dense"
@@ -121,7 +141,9 @@ class TensorRecord:
 
     @property
     def stored_bytes(self) -> int:
-        """Bytes the entry takes in the file's data."""
+        """Bytes the entry takes in the file's data (0 for an alias)."""
+        if self.is_alias:
+            return 0
         if not self.is_sparse:
             return self.dense_bytes
         return self.pattern_bytes + sum(self.value_planes)
@@ -148,7 +170,9 @@ class TensorRecord:
 
     @property
     def entropy_bound_bytes(self) -> float:
-        """``H(d)·N`` bits plus the raw value bytes (dense entries: their bytes)."""
+        """``H(d)·N`` bits plus the raw value bytes (dense entries: their bytes; an alias: 0)."""
+        if self.is_alias:
+            return 0.0
         if not self.is_sparse:
             return float(self.dense_bytes)
         return self.pattern_entropy_bytes + self.raw_value_bytes
@@ -162,6 +186,8 @@ class TensorRecord:
             "nnz": self.nnz,
             "crc32": self.crc32,
         }
+        if self.alias_of is not None:
+            out["alias_of"] = self.alias_of
         if self.is_sparse:
             out["pattern"] = {"codec": self.pattern_codec, "bytes": self.pattern_bytes}
             if self.nm_pattern is not None:
@@ -197,12 +223,15 @@ class TensorRecord:
                 values_dtype=None if values is None else str(values["dtype"]),
                 value_planes=() if values is None else tuple(int(n) for n in values["planes"]),
                 nm_pattern=None if pattern is None or "nm" not in pattern else str(pattern["nm"]),
+                alias_of=None if "alias_of" not in data else str(data["alias_of"]),
             )
             if values is not None and values["codec"] != _VALUES_CODEC:
                 raise ValueError(f"unknown values codec {values['codec']!r}")
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ValueError(f"corrupted header: bad record for tensor {name!r} ({err})") from None
         _dtype_from_name(record.dtype)
+        if record.is_alias and (record.is_sparse or values is not None):
+            raise ValueError(f"corrupted header: bad alias record for tensor {name!r}")
         if record.is_sparse:
             if record.nm_pattern is not None or record.pattern_codec == NM_CODEC:
                 try:
@@ -244,21 +273,31 @@ class SparseFileInfo:
     tensors: tuple[TensorRecord, ...]
 
     @property
+    def stored(self) -> tuple[TensorRecord, ...]:
+        """The records that hold bytes: every distinct tensor once (aliases left out)."""
+        return tuple(r for r in self.tensors if not r.is_alias)
+
+    @property
     def dense_bytes(self) -> int:
-        """Bytes of all tensors stored densely (a plain state_dict's payload)."""
-        return sum(r.dense_bytes for r in self.tensors)
+        """Bytes of all tensors stored densely, a tied one once (as ``torch.save`` stores it)."""
+        return sum(r.dense_bytes for r in self.stored)
 
     @property
     def entropy_bound_bytes(self) -> float:
         """``Σ_l H(d_l)·N_l/8 + raw value bytes`` over sparse tensors, plus the dense bytes."""
-        return sum(r.entropy_bound_bytes for r in self.tensors)
+        return sum(r.entropy_bound_bytes for r in self.stored)
 
     @property
     def sparsity(self) -> float:
-        """Fraction of zeros over the tensors stored sparse (0.0 when there are none)."""
-        numel = sum(r.numel for r in self.tensors if r.is_sparse)
-        nnz = sum(r.nnz for r in self.tensors if r.is_sparse)
-        return 1.0 - nnz / numel if numel else 0.0
+        """Fraction of zeros over the tensors stored sparse, a tied one once (0.0 if none)."""
+        return _sparsity(self.stored)
+
+
+def _sparsity(records: Sequence[TensorRecord]) -> float:
+    """Fraction of zeros over the sparse records among ``records`` (0.0 when there are none)."""
+    sparse = [r for r in records if r.is_sparse]
+    numel = sum(r.numel for r in sparse)
+    return 1.0 - sum(r.nnz for r in sparse) / numel if numel else 0.0
 
 
 def _header_bytes(
@@ -267,15 +306,13 @@ def _header_bytes(
     model_spec: dict[str, Any] | None,
     metadata: Mapping[str, Any],
 ) -> bytes:
-    sparse = [r for r in records if r.is_sparse]
-    numel = sum(r.numel for r in sparse)
     header = {
         "format": FORMAT_NAME,
         "format_version": file_version(records),
         "library_version": __version__,
         "values": values,
         "model_spec": model_spec,
-        "sparsity": 1.0 - sum(r.nnz for r in sparse) / numel if numel else 0.0,
+        "sparsity": _sparsity(records),
         "metadata": dict(metadata),
         "tensors": [r.to_json() for r in records],
     }
@@ -284,13 +321,17 @@ def _header_bytes(
 
 
 def file_version(records: Sequence[TensorRecord]) -> int:
-    """The lowest format version that holds ``records`` (2 with an N:M record, else 1).
+    """The lowest format version that holds ``records``.
+
+    3 with an alias record, else 2 with an N:M record, else 1.
 
     Args:
         records: the records of the file's tensors.
     """
+    if any(r.is_alias for r in records):
+        return ALIAS_FORMAT_VERSION
     if any(r.nm_pattern is not None for r in records):
-        return FORMAT_VERSION
+        return NM_FORMAT_VERSION
     return BASE_FORMAT_VERSION
 
 
@@ -323,6 +364,8 @@ def _parse_header(path: str, compressed: bytes, file_bytes: int) -> SparseFileIn
     if not isinstance(tensors, list):
         raise ValueError(f"{path}: the header is corrupted (no tensor table)")
     spec = header.get("model_spec")
+    records = tuple(TensorRecord.from_json(rec) for rec in tensors)
+    _check_aliases(path, records)
     return SparseFileInfo(
         path=path,
         file_bytes=file_bytes,
@@ -331,8 +374,34 @@ def _parse_header(path: str, compressed: bytes, file_bytes: int) -> SparseFileIn
         values=str(header.get("values", "fp32")),
         model_spec=spec if isinstance(spec, dict) else None,
         metadata=dict(header.get("metadata") or {}),
-        tensors=tuple(TensorRecord.from_json(rec) for rec in tensors),
+        tensors=records,
     )
+
+
+def _check_aliases(path: str, records: Sequence[TensorRecord]) -> None:
+    """Raise a ``ValueError`` unless every alias names an earlier stored record like it."""
+    earlier: dict[str, TensorRecord] = {}
+    for r in records:
+        if r.alias_of is not None:
+            target = earlier.get(r.alias_of)
+            same = target is not None and (
+                target.shape,
+                target.dtype,
+                target.nnz,
+                target.crc32,
+            ) == (
+                r.shape,
+                r.dtype,
+                r.nnz,
+                r.crc32,
+            )
+            if not same:
+                raise ValueError(
+                    f"{path}: the header is corrupted (tensor {r.name!r} is an alias of "
+                    f"{r.alias_of!r}, which is not an earlier tensor like it)"
+                )
+        else:
+            earlier.setdefault(r.name, r)
 
 
 def _describe_spec(spec: Mapping[str, Any] | None) -> str:
@@ -384,18 +453,20 @@ def format_info(info: SparseFileInfo) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     bound = info.entropy_bound_bytes
+    aliases = len(info.tensors) != len(info.stored)
     lines += [
         "",
         f"file: {info.path}  (format {info.format_version}, written by feather-sparse "
         f"{info.library_version}, values {info.values})",
         f"model: {_describe_spec(info.model_spec)}",
-        f"tensors: {len(info.tensors)} ({sum(r.is_sparse for r in info.tensors)} sparse), "
-        f"sparsity of the sparse ones {info.sparsity:.4f}",
+        f"tensors: {len(info.tensors)} ({sum(r.is_sparse for r in info.tensors)} sparse"
+        + (f", {len(info.tensors) - len(info.stored)} tied: stored once" if aliases else "")
+        + f"), sparsity of the sparse ones {info.sparsity:.4f}",
         f"size: {human_bytes(info.file_bytes)} vs {human_bytes(info.dense_bytes)} dense "
         f"({info.dense_bytes / max(info.file_bytes, 1):.2f}x smaller), "
         f"{info.file_bytes / max(bound, 1.0):.3f}x the bound H(d)*N + raw values",
     ]
-    sparse = [r for r in info.tensors if r.is_sparse]
+    sparse = [r for r in info.stored if r.is_sparse]
     if sparse:
         pattern = sum(r.pattern_bytes for r in sparse)
         entropy = sum(r.pattern_entropy_bytes for r in sparse)
