@@ -83,7 +83,13 @@ def test_print_config_is_a_recipe_that_reads_back_to_the_same_config(
     overrides: dict[str, str],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The model_kwargs and data_options keys are made up to test TOML's quoting;
+    # checking their names against the model and the data has tests of its own
+    # (REFUSED_CONFIGS).
+    monkeypatch.setattr(loop, "check_model_kwargs", lambda name, **kwargs: None)
+    monkeypatch.setattr(loop, "check_dataset_options", lambda name, **options: None)
     sets = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
     expected = load_config(recipe, overrides)
     printed = print_config(["--recipe", recipe, *sets], capsys)
@@ -142,6 +148,16 @@ REFUSED_CONFIGS = [
     (["--model", "nope"], "model: unknown model 'nope'"),
     (["--dataset", "nope"], "dataset: unknown dataset 'nope'"),
     (["--model-kwargs", "{num_classes = 3}"], "num_classes comes from the data set"),
+    (
+        ["--model-kwargs", "{widht = 8}"],
+        "model_kwargs: model 'mnist1d_cnn' does not accept these arguments (got an "
+        "unexpected keyword argument 'widht'); it accepts: num_classes, width",
+    ),
+    (
+        ["--data-options", "{train_sise = 8}"],
+        "data_options: dataset 'synthetic-mnist1d' does not take option train_sise; its "
+        "options: input_shape, num_classes, train_size, test_size",
+    ),
     (["--stop-after-epoch", "0"], "stop_after_epoch must be >= 1, got 0"),
 ]
 
@@ -169,6 +185,20 @@ def test_print_config_refuses_what_training_refuses_with_the_same_error(
     assert printing.err == training.err
     assert printing.out == ""
     assert not (tmp_path / "run").exists()
+
+
+@guard(
+    "`--model-kwargs`/`--data-options` typed as JSON (`'{\"width\": 8}'`), as a shell user "
+    "types a table",
+    "read as the TOML inline table it spells (`{width = 8}`), where it was refused as not a table",
+)
+def test_a_table_on_the_command_line_may_be_json(capsys: pytest.CaptureFixture[str]) -> None:
+    toml = print_config(["--model-kwargs", "{width = 8}"], capsys)
+    json = print_config(["--model-kwargs", '{"width": 8}'], capsys)
+    assert json == toml and "model_kwargs = {width = 8}" in toml
+    assert cli.main(["train", "--model-kwargs", "{width: 8}", "--print-config"]) == 1
+    err = capsys.readouterr().err
+    assert 'model_kwargs must be a table (e.g. {key = 1}, or JSON: {"key": 1})' in err
 
 
 # ------------------------------------------------------------- model vs data

@@ -35,6 +35,7 @@ __all__ = [
     "DataBundle",
     "DatasetBuilder",
     "LoaderConfig",
+    "check_dataset_options",
     "list_datasets",
     "load_dataset",
     "tensor_bundle",
@@ -184,6 +185,26 @@ DATASETS: Registry[DatasetBuilder] = Registry("dataset")
 def list_datasets() -> list[str]:
     """The registered data-set names, sorted."""
     return DATASETS.names()
+
+
+def check_dataset_options(name: str, **options: Any) -> None:
+    """Raise unless the registered data set ``name`` takes these option names.
+
+    Reads the builder's signature only: no data is loaded, and the values are
+    not checked (the builder does that when it loads).
+
+    Args:
+        name: a registered name (see :func:`list_datasets`).
+        **options: options of the data set, as for :func:`load_dataset`.
+
+    Raises:
+        ValueError: for an unknown name, or an option the data set does not
+            take (listing those it does).
+
+    Example:
+        >>> check_dataset_options("mnist1d")
+    """
+    _check_options(name, DATASETS.get(name), options)
 
 
 def _check_options(name: str, builder: DatasetBuilder, options: dict[str, Any]) -> None:

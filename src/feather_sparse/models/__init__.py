@@ -17,6 +17,7 @@ from feather_sparse.models import densenet, mixer, mobilenet, resnet50, resnet_c
 from feather_sparse.models._registry import (
     MODEL_SPEC_ATTR,
     ModelInfo,
+    check_model_kwargs,
     create_model,
     list_models,
     model_info,
@@ -26,6 +27,7 @@ from feather_sparse.models._registry import (
 __all__ = [
     "MODEL_SPEC_ATTR",
     "ModelInfo",
+    "check_model_kwargs",
     "create_model",
     "densenet",
     "list_models",

@@ -24,6 +24,7 @@ from feather_sparse.registry import Registry
 __all__ = [
     "MODEL_SPEC_ATTR",
     "ModelInfo",
+    "check_model_kwargs",
     "create_model",
     "list_models",
     "model_info",
@@ -130,6 +131,47 @@ def model_info(name: str) -> ModelInfo:
     return _entry(name).info
 
 
+def _bind(
+    entry: _Entry, signature: inspect.Signature, args: dict[str, Any]
+) -> inspect.BoundArguments:
+    """``args`` bound to the factory's parameters, or a ``ValueError`` listing the accepted ones."""
+    try:
+        return signature.bind(**args)
+    except TypeError as err:
+        accepted = [
+            p.name
+            for p in signature.parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        raise ValueError(
+            f"model {entry.info.name!r} does not accept these arguments ({err}); "
+            f"it accepts: {', '.join(accepted)}"
+        ) from None
+
+
+def check_model_kwargs(name: str, **kwargs: Any) -> None:
+    """Raise unless ``create_model(name, **kwargs)`` takes these argument names.
+
+    Reads the factory's signature only: nothing is built, and the values are
+    not checked (the factory does that when it builds).
+
+    Args:
+        name: a registered name (see :func:`list_models`).
+        **kwargs: the model-specific options, as for :func:`create_model`.
+
+    Raises:
+        ValueError: for an unknown name, or an argument the factory does not
+            take (listing those it does).
+
+    Example:
+        >>> check_model_kwargs("resnet20", width=16)
+    """
+    entry = _entry(name)
+    args = {k: v for k, v in kwargs.items() if v is not None}
+    args.setdefault("num_classes", entry.info.num_classes)
+    _bind(entry, inspect.signature(entry.factory), args)
+
+
 def create_model(name: str, num_classes: int | None = None, **kwargs: Any) -> nn.Module:
     """Build a registered model.
 
@@ -165,18 +207,7 @@ def create_model(name: str, num_classes: int | None = None, **kwargs: Any) -> nn
     args["num_classes"] = int(classes)
 
     signature = inspect.signature(entry.factory)
-    try:
-        bound = signature.bind(**args)
-    except TypeError as err:
-        accepted = [
-            p.name
-            for p in signature.parameters.values()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        ]
-        raise ValueError(
-            f"model {entry.info.name!r} does not accept these arguments ({err}); "
-            f"it accepts: {', '.join(accepted)}"
-        ) from None
+    bound = _bind(entry, signature, args)
     bound.apply_defaults()
     resolved: dict[str, Any] = {}
     for pname, value in bound.arguments.items():

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import re
 import sys
@@ -129,12 +130,14 @@ class TrainConfig:
     recipe: str = _f("custom", "name of the recipe this config came from (for run names)")
     model: str = _f("mnist1d_cnn", "registered model name (feather_sparse.models)")
     model_kwargs: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "extra keyword arguments of the model factory"}
+        default_factory=dict,
+        metadata={"help": "extra keyword arguments of the model factory, e.g. '{width = 64}'"},
     )
     dataset: str = _f("mnist1d", "registered data set name (feather_sparse.data)")
     data_dir: str | None = _f(None, "where the data set lives on disk (CIFAR archive, ImageNet)")
     data_options: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "extra options of the data set"}
+        default_factory=dict,
+        metadata={"help": "extra options of the data set, e.g. '{augment = false}'"},
     )
     # --- how long, how big -------------------------------------------------
     epochs: int = _f(30, "training epochs")
@@ -439,7 +442,7 @@ def _describe(hint: Any) -> str:
     if typing.get_origin(hint) is tuple:
         return "a list of strings"
     if typing.get_origin(hint) is dict:
-        return "a table (e.g. {key = 1})"
+        return 'a table (e.g. {key = 1}, or JSON: {"key": 1})'
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
         hint, str(hint)
     )
@@ -515,7 +518,11 @@ def _convert(hint: Any, value: Any) -> Any:
         raise ValueError(value)
     if origin is dict:
         if isinstance(value, str):
-            value = tomllib.loads(f"v = {value.strip()}")["v"]
+            text = value.strip()
+            try:
+                value = tomllib.loads(f"v = {text}")["v"]
+            except tomllib.TOMLDecodeError:
+                value = json.loads(text)  # a JSON object, as a shell user may type it
         if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
             return dict(value)
         raise ValueError(value)

@@ -25,10 +25,10 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from feather_sparse import _text, run_lock
-from feather_sparse.data import DATASETS, load_dataset
+from feather_sparse.data import DATASETS, check_dataset_options, load_dataset
 from feather_sparse.integrity import DiskFullError
 from feather_sparse.methods import check_method
-from feather_sparse.models import create_model, model_info
+from feather_sparse.models import check_model_kwargs, create_model, model_info
 from feather_sparse.pruner import PrunerReport
 from feather_sparse.recipes import TrainConfig
 from feather_sparse.run_files import (
@@ -408,13 +408,15 @@ def check_config(config: TrainConfig, *, stop_after_epoch: int | None = None) ->
 
     What a config alone decides, without data, a model or the machine: the
     model and data set are registered, ``model_kwargs`` leaves ``num_classes``
-    to the data set, and the method accepts the pruning fields
+    to the data set, the names in ``model_kwargs`` and ``data_options`` are
+    ones the model's factory and the data set take (their signatures: their
+    values are checked when the model and the data are built), and the
+    method accepts the pruning fields
     (:func:`~feather_sparse.methods.check_method`). ``feather-sparse train
     --print-config`` runs it too, so that it never prints a recipe that training
     refuses here. Whether the device exists (``--device cuda``, ``amp``) is
     checked by :func:`train` only: a recipe may be written on another machine
-    than the one it runs on; the option names in ``model_kwargs`` and
-    ``data_options`` are checked when the model and the data are built.
+    than the one it runs on.
 
     Args:
         config: the run's settings.
@@ -429,11 +431,19 @@ def check_config(config: TrainConfig, *, stop_after_epoch: int | None = None) ->
         raise ValueError(f"model: {err}") from None
     if config.model_kwargs.get("num_classes") is not None:
         raise ValueError("model_kwargs: num_classes comes from the data set; do not set it")
+    try:
+        check_model_kwargs(config.model, **config.model_kwargs)
+    except ValueError as err:
+        raise ValueError(f"model_kwargs: {err}") from None
     if config.dataset not in DATASETS:
         raise ValueError(
             f"dataset: unknown dataset {config.dataset!r}; choose one of: "
             f"{', '.join(DATASETS.names())}"
         )
+    try:
+        check_dataset_options(config.dataset, **config.data_options)
+    except ValueError as err:
+        raise ValueError(f"data_options: {err}") from None
     check_method(config)
     if stop_after_epoch is not None and stop_after_epoch < 1:
         raise ValueError(f"stop_after_epoch must be >= 1, got {stop_after_epoch}")
