@@ -257,4 +257,7 @@ def test_shard_cuts_follow_torch_chunk_and_nest_in_mesh_order() -> None:
     strided = pytest.importorskip("torch.distributed.tensor.placement_types")._StridedShard
     weight = _Layout((8, 16), (strided(0, split_factor=2),), (2,))
     assert shard_cuts(weight) is None  # not torch.chunk's layout: assumed to cut anywhere
-    assert _splits_groups(weight, "flat", NMPattern(2, 4))
+    # ... along its dimension: rows keep the groups whole, the inputs may split them
+    assert not _splits_groups(weight, "flat", NMPattern(2, 4))
+    inputs = _Layout((8, 16), (strided(1, split_factor=2),), (2,))
+    assert _splits_groups(inputs, "flat", NMPattern(2, 4))

@@ -98,6 +98,7 @@ def _train(shape: tuple[int, int], kind: str) -> dict[str, Any]:
     out = {
         "steps": steps,
         "placements": [tuple(map(repr, w.placements)) for w in pruner.weights()],  # type: ignore[attr-defined]
+        "gathers": [pruner._gathers(i, w) for i, w in enumerate(pruner.weights())],
         "exported": pruner.dense_state_dict(pruned=True, full=True),
         "exported_one": one.dense_state_dict(pruned=True),
         "finalize": "",
@@ -182,6 +183,19 @@ def test_weights_are_sharded_on_both_mesh_dimensions(runs: list[dict[str, Any]],
         column, row, last = run[case]["placements"]
         assert len(column) == len(row) == 2 and len(last) == 1
         assert "Shard(dim=1)" in row[1]  # row-wise over tp, FSDP2 over dp
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.endswith("2:4")])
+def test_a_column_wise_nm_layer_is_computed_on_its_shards(
+    runs: list[dict[str, Any]], case: str
+) -> None:
+    """FSDP2's ``_StridedShard`` over tensor parallelism's ``Shard(0)`` cuts rows only:
+    the groups stay whole, so the collectives need not gather the layer (they did)."""
+    strided = not case.startswith("(2, 1)")  # tp = 1: FSDP2 alone shards dim 0
+    for run in runs:
+        column = run[case]["placements"][0]
+        assert ("_StridedShard(dim=0" in column[0]) is strided, column
+        assert run[case]["gathers"] == [False, False, False]
 
 
 @pytest.mark.parametrize("case", CASES)

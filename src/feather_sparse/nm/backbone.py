@@ -392,41 +392,34 @@ class NMBackbone(Backbone):
         )
 
     def check_shard(self, index: int, weight: Tensor) -> None:
-        """Raise unless this rank's shard of layer ``index``'s sharded weight holds whole groups.
+        """Raise unless every rank's shard of layer ``index``'s sharded weight holds whole groups.
 
-        Then the forward of the shard alone is the whole weight's forward there.
-        A dim-0 shard holds whole rows, hence whole groups. A shard along a dimension
-        the groups run through (the first of a weight stored ``(in, out)``, or one
-        ``shard_placement_fn`` chose) holds whole groups when its blocks begin and
-        end on group boundaries, which the length of its block in a row tells (the
-        shards are ``torch.chunk``'s: only the last one can be shorter, and it ends
-        the row).
+        Then the forward of each shard alone is the whole weight's forward there.
+        The rule is :meth:`splits_groups`'s, read from the layout, so every rank
+        gives the same answer: a rank whose own shard holds whole groups raises
+        too when another rank's does not (it raised alone before, on 3 or more
+        ranks), so that no rank goes on to a collective the others never reach.
 
         Args:
             index: the layer's position among the targets.
             weight: its stored weight, a DTensor.
 
         Raises:
-            ValueError: naming the layer, the shard and what to do instead.
+            ValueError: naming the layer, the shards and what to do instead.
         """
         d: Any = weight  # a DTensor
-        local = to_local(d)
-        whole = self._grouped(index, torch.empty(d.shape, device="meta")).shape
-        part = self._grouped(index, local).shape
-        m = self.pattern.m
-        for g in range(1, len(whole)):
-            inner = math.prod(whole[g + 1 :])
-            if part[g] != whole[g] and (whole[g] * inner % m or part[g] * inner % m):
-                name = self.targets[index].name
-                raise ValueError(
-                    f"layer {name!r}: this rank's shard {tuple(local.shape)} of its weight "
-                    f"{tuple(d.shape)} (placements {tuple(d.placements)}) splits "
-                    f"its {self.pattern} groups, so its pruned weight cannot be computed from "
-                    "the shard outside the forward (the forward gathers the whole weight and "
-                    "is not affected). Shard the layer along a dimension its groups do not "
-                    f"run through (fully_shard(..., shard_placement_fn=...)), or on a number "
-                    f"of processes that cuts it at multiples of M = {m}"
-                )
+        if not self.splits_groups(index, d):
+            return
+        local, m, name = to_local(d), self.pattern.m, self.targets[index].name
+        raise ValueError(
+            f"layer {name!r}: the shards of its weight {tuple(d.shape)} (placements "
+            f"{tuple(d.placements)}; this rank's shard {tuple(local.shape)}) cut through its "
+            f"groups: some rank's shard splits its {self.pattern} groups, so its pruned weight "
+            "cannot be computed from the shards outside the forward (the forward gathers the "
+            "whole weight and is not affected). Shard the layer along a dimension its groups "
+            "do not run through (fully_shard(..., shard_placement_fn=...)), or on a number of "
+            f"processes that cuts it at multiples of M = {m}"
+        )
 
     def _follow(self, index: int, device: torch.device) -> bool:
         """Layer ``index``'s kept state (its frozen mask, its β) on ``device`` (see
@@ -728,10 +721,21 @@ def _splits_groups(weight: Any, order: str, pattern: NMPattern) -> bool:
     the dimensions after it), and blocks repeat every ``size_g · inner``: the
     cut lies on group boundaries everywhere iff both are multiples of ``m``.
     """
+    shape = _in_group_order(torch.empty(weight.shape, device="meta"), order).shape
     cuts = shard_cuts(weight)
     if cuts is None:
-        return True
-    shape = _in_group_order(torch.empty(weight.shape, device="meta"), order).shape
+        # A layout shard_cuts cannot place (FSDP2's _StridedShard of a dimension tensor
+        # parallelism shards too): its cuts are unknown, so it keeps the groups whole only
+        # when every dimension it shards is the rows'.
+        # (_StridedShard is no Shard subclass: read the dimension it names; a placement
+        # that names none may cut anywhere.)
+        for placement in weight.placements:
+            if placement.is_replicate() or placement.is_partial():
+                continue
+            dim = getattr(placement, "dim", None)
+            if not isinstance(dim, int) or _group_dim(dim % weight.dim(), len(shape), order):
+                return True
+        return False
     m = pattern.m
     for dim, offsets in cuts.items():
         g = _group_dim(dim, len(shape), order)
