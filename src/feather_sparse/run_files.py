@@ -226,6 +226,7 @@ _CHECKPOINT_FIELDS: dict[str, tuple[type, ...]] = {
 _OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
     "scaler": (dict, type(None)),
     "metrics": (dict, type(None)),
+    "init": (dict, type(None)),  # the weights the run started from (init_from)
 }
 _RNG_FIELDS = ("torch", "numpy", "python", "cuda")
 # The Pruner state's own layout (Pruner.state_dict; the Pruner checks its values).

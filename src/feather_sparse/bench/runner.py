@@ -258,7 +258,7 @@ def _resolved(pc: PrunerConfig) -> PrunerConfig:
 
 #: Config fields added after runs were stored under their keys: left out of the
 #: hash while unset, so that those runs keep their keys (and are reused).
-_LATER_FIELDS = ("conv_order",)
+_LATER_FIELDS = ("conv_order", "init_from")
 
 
 def run_key(config: Mapping[str, Any]) -> str:

@@ -139,6 +139,11 @@ class TrainConfig:
         default_factory=dict,
         metadata={"help": "extra options of the data set, e.g. '{augment = false}'"},
     )
+    init_from: str | None = _f(
+        None,
+        "start from these weights instead of a random init: a .fsp or a run folder (its "
+        "model.fsp) of the same model, e.g. a dense run to prune",
+    )
     # --- how long, how big -------------------------------------------------
     epochs: int = _f(30, "training epochs")
     batch_size: int = _f(128, "training batch size (per process)")

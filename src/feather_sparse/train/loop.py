@@ -323,6 +323,8 @@ def _train(
         "dense" if s.pruner is None else f"{config.method} to sparsity {config.sparsity:g}",
         device,
     )
+    if s.init is not None and s.epoch == 0:
+        logger.info("%s: starting from the weights of %s", run_dir, s.init["path"])
     end_epoch = config.epochs if stop_after_epoch is None else min(config.epochs, stop_after_epoch)
     writer = _tensorboard(run_dir, config.tensorboard) if ctx.is_main else None
     try:

@@ -32,6 +32,7 @@ from feather_sparse.train.checkpoint import (
 )
 from feather_sparse.train.dist import DistContext
 from feather_sparse.train.fit import check_model_takes
+from feather_sparse.train.init_from import load_init, resolve_init
 from feather_sparse.train.optim import build_lr_scheduler, build_optimizer
 from feather_sparse.train.run_dir import RUN_FORMAT, _trim_metrics, _write_json
 
@@ -60,6 +61,7 @@ class _Session:
     step: int = 0  # optimizer steps completed
     saved_epoch: int | None = None  # the epoch the newest checkpoint holds
     history: list[dict[str, Any]] = field(default_factory=list)
+    init: dict[str, Any] | None = None  # {"path", "sha256"} of the weights it started from
 
     @property
     def metrics_file(self) -> Path:
@@ -89,6 +91,8 @@ def _setup(
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = not config.deterministic
 
+    # the file to start from, found before the data loads (a resume has its weights)
+    init_path = resolve_init(config.init_from) if config.init_from and checkpoint is None else None
     bundle = load_dataset(
         config.dataset,
         data_dir=config.data_dir,
@@ -110,6 +114,9 @@ def _setup(
         shape=tuple(bundle.input_shape),
         num_classes=bundle.num_classes,
     )
+    init = load_init(model, init_path) if init_path is not None else None
+    if checkpoint is not None:
+        init = checkpoint.get("init")
     fallback_spec = {"name": config.model, "kwargs": {"num_classes": bundle.num_classes}}
     spec = dict(getattr(model, MODEL_SPEC_ATTR, fallback_spec))
     model.to(device)
@@ -148,6 +155,7 @@ def _setup(
         ),
         amp_dtype=amp_dtype,
         steps_per_epoch=steps_per_epoch,
+        init=init,
     )
     if checkpoint is not None:
         _restore(session, checkpoint)
@@ -214,6 +222,8 @@ def _write_run_info(s: _Session) -> None:
             "local_world_size": s.ctx.local_world_size,
             "steps_per_epoch": s.steps_per_epoch,
             "total_steps": s.config.epochs * s.steps_per_epoch,
+            # the weights the run started from (init_from), None for a random init
+            "init": s.init,
         },
     )
 
@@ -238,4 +248,5 @@ def _checkpoint_state(s: _Session, metrics: dict[str, Any]) -> dict[str, Any]:
         "scaler": s.scaler.state_dict() if s.scaler.is_enabled() else None,
         "rng": _rng_state(),
         "metrics": metrics,
+        "init": s.init,
     }

@@ -1,0 +1,87 @@
+"""Start a run from saved weights (``init_from``): prune a dense run, say.
+
+A run begins from the model's random initialisation unless its config names
+weights to start from: a ``.fsp`` file, or a finished run folder (whose
+``model.fsp`` is used), of the same architecture. :func:`resolve_init`
+finds the file before any data is loaded, so a wrong path fails at once;
+:func:`load_init` copies its tensors into the freshly built model before the
+Pruner is attached, checking the architecture first (every differing tensor
+is named). A resumed run takes its weights from its checkpoint and reads
+``init_from`` no more; ``config.json`` keeps the file's path and SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from feather_sparse.export.files import sniff
+from feather_sparse.export.fsp import load_sparse
+
+__all__ = ["load_init", "resolve_init"]
+
+#: The file a finished run folder keeps its model in.
+_RUN_MODEL = "model.fsp"
+
+
+def resolve_init(source: str) -> Path:
+    """The ``.fsp`` file ``init_from`` names: the file itself, or a run folder's ``model.fsp``.
+
+    Args:
+        source: the config's ``init_from``.
+
+    Raises:
+        FileNotFoundError: if nothing is there, or a folder has no ``model.fsp``
+            (a run that did not finish: the message gives the export command).
+        ValueError: for a training checkpoint (export its model first, as the
+            message says) or a file of another kind.
+    """
+    path = Path(source).expanduser()
+    if path.is_dir():
+        model = path / _RUN_MODEL
+        if model.is_file():
+            return model
+        raise FileNotFoundError(
+            f"init_from: {path} is a folder without a {_RUN_MODEL} (a run that has not "
+            f"finished, or not a run folder); export the model of its last checkpoint first "
+            f"(feather-sparse export {path} -o {path / 'start.fsp'}) and give that file"
+        )
+    if not path.exists():
+        raise FileNotFoundError(f"init_from: {path} does not exist")
+    kind = sniff(path)
+    if kind == "zip":
+        raise ValueError(
+            f"init_from: {path} is a training checkpoint, not a model file; export its model "
+            f"first (feather-sparse export {path} -o start.fsp) and give that file"
+        )
+    if kind != "safetensors":
+        raise ValueError(
+            f"init_from: {path} is not a sparse checkpoint (.fsp); give a .fsp written by "
+            "feather-sparse (fs.save_sparse, feather-sparse export) or a finished run folder"
+        )
+    return path
+
+
+def load_init(model: nn.Module, path: Path) -> dict[str, Any]:
+    """Copy the weights of the ``.fsp`` at ``path`` into ``model``; what was loaded.
+
+    Args:
+        model: the freshly built model, before a Pruner is attached.
+        path: the file :func:`resolve_init` gave.
+
+    Returns:
+        ``{"path", "sha256"}`` of the file, for the run's records.
+
+    Raises:
+        ValueError: for a file of another architecture (naming every tensor
+            that differs) or a damaged file; the model is then left as built.
+    """
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    try:
+        load_sparse(path, model)
+    except ValueError as err:
+        raise ValueError(f"init_from: {err}") from None
+    return {"path": str(path.resolve()), "sha256": digest}
