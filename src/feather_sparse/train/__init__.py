@@ -14,6 +14,7 @@ This package only re-exports. One module per job, in the order a run uses them:
 
 - :mod:`~feather_sparse.train.dist`: the device and this process's rank (DDP);
 - :mod:`~feather_sparse.train.optim`: optimizer and learning-rate schedule;
+- :mod:`~feather_sparse.train.init_from`: the weights a run starts from (``init_from``);
 - :mod:`~feather_sparse.train.session`: one session's state, built or restored;
 - :mod:`~feather_sparse.train.loop`: the epoch loop, evaluation, :func:`train`;
 - :mod:`~feather_sparse.train.result`: what :func:`train` returns or raises on Ctrl-C;
