@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import feather_sparse as fs
 from feather_sparse.nm import nm_threshold
+from feather_sparse.nm.export import _semi_structured_backend
 
 #: (model, layer, out_features, in_features)
 SHAPES = [
@@ -57,15 +58,13 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: this benchmark needs an NVIDIA GPU (compute capability >= 8.0)")
         return 0
-    from torch.sparse import SparseSemiStructuredTensorCUSPARSELT, SparseSemiStructuredTensorCUTLASS
-
-    # to_sparse_semi_structured always picks cuSPARSELt, and fails where torch lacks it
-    # (fs.to_semi_structured makes the same choice)
-    backend = (
-        SparseSemiStructuredTensorCUSPARSELT
-        if torch.backends.cusparselt.is_available()
-        else SparseSemiStructuredTensorCUTLASS
-    )
+    # cuSPARSELt, or CUTLASS where torch lacks it (8.x GPUs only): fs.to_semi_structured's
+    # choice. Where neither runs, say why before any kernel fails halfway through the table.
+    try:
+        backend = _semi_structured_backend()
+    except RuntimeError as err:
+        print(f"bench_nm_linear_gpu: {err}", file=sys.stderr)
+        return 1
     dtype = getattr(torch, args.dtype)
     print(f"feather-sparse {fs.__version__}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     print(
@@ -96,12 +95,12 @@ def main() -> int:
             return step
 
         row = [cuda_time(fwd(w), args.repeats), cuda_time(fwd(sparse), args.repeats)]
+        dense_bwd = cuda_time(fwd_bwd(w), args.repeats)
         try:
-            row += [cuda_time(fwd_bwd(w), args.repeats), cuda_time(fwd_bwd(sparse), args.repeats)]
-            bwd = f"{row[2]:.3f} | {row[3]:.3f} | {row[2] / row[3]:.2f}×"
-        except (RuntimeError, NotImplementedError) as err:  # a kernel this build lacks
-            dense = cuda_time(fwd_bwd(w), args.repeats)
-            bwd = f"{dense:.3f} | unsupported ({type(err).__name__}) | –"
+            sparse_bwd = cuda_time(fwd_bwd(sparse), args.repeats)
+            bwd = f"{dense_bwd:.3f} | {sparse_bwd:.3f} | {dense_bwd / sparse_bwd:.2f}×"
+        except (RuntimeError, NotImplementedError) as err:  # no transposed copy of the weight
+            bwd = f"{dense_bwd:.3f} | unsupported ({type(err).__name__}) | –"
         print(
             f"| {model} | {layer} | {out_f} × {in_f} | {row[0]:.3f} | {row[1]:.3f} "
             f"| {row[0] / row[1]:.2f}× | {bwd} |"

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from feather_sparse.nm.operator import NMPattern, group_view
+
+if TYPE_CHECKING:
+    from torch.sparse import SparseSemiStructuredTensor
 
 __all__ = ["decode_nm", "encode_nm", "nm_encoded_bytes", "to_semi_structured"]
 
@@ -177,6 +181,52 @@ def nm_encoded_bytes(numel: int, pattern: NMPattern | str, dtype: torch.dtype) -
     return kept * item + math.ceil(kept * pattern.index_bits / 8)
 
 
+def _semi_structured_backend(
+    device: torch.device | None = None,
+) -> type[SparseSemiStructuredTensor]:
+    """The ``torch.sparse`` semi-structured tensor class that runs on ``device``'s GPU.
+
+    cuSPARSELt where torch has it (``torch.sparse.to_sparse_semi_structured``
+    always picks it, and fails on every layer where it is missing), else
+    CUTLASS, whose kernels torch builds for compute capability 8.x only.
+
+    Args:
+        device: the CUDA device (the current one by default).
+
+    Raises:
+        RuntimeError: where no backend runs on that GPU: below compute
+            capability 8.0 (no sparse tensor cores), or CUTLASS alone on a
+            GPU other than 8.x (an H100 is 9.0); the message names the fix.
+    """
+    from torch.sparse import (
+        SparseSemiStructuredTensor,
+        SparseSemiStructuredTensorCUSPARSELT,
+        SparseSemiStructuredTensorCUTLASS,
+    )
+
+    major, minor = torch.cuda.get_device_capability(device)
+    gpu = f"this GPU (compute capability {major}.{minor})"
+    if major < 8:
+        raise RuntimeError(
+            f"{gpu} has no sparse tensor cores: semi-structured 2:4 sparsity needs compute "
+            "capability 8.0 or newer (Ampere, Ada, Hopper); keep the dense N:M weights here"
+        )
+    if torch.backends.cusparselt.is_available() and not SparseSemiStructuredTensor._FORCE_CUTLASS:
+        return SparseSemiStructuredTensorCUSPARSELT
+    if major != 8:
+        raise RuntimeError(
+            f"{gpu} needs cuSPARSELt for semi-structured sparsity: torch's CUTLASS kernels "
+            f"run on compute capability 8.x only, and this torch ({torch.__version__}) "
+            + (
+                "has SparseSemiStructuredTensor._FORCE_CUTLASS set: unset it"
+                if torch.backends.cusparselt.is_available()
+                else "was built without cuSPARSELt: install a CUDA build of torch that has it "
+                "(the pip wheels bring nvidia-cusparselt)"
+            )
+        )
+    return SparseSemiStructuredTensorCUTLASS
+
+
 def to_semi_structured(model: nn.Module) -> list[str]:
     """Replace the weights of the 2:4-sparse Linear layers by semi-structured sparse tensors.
 
@@ -184,6 +234,8 @@ def to_semi_structured(model: nn.Module) -> list[str]:
     consecutive input weights gets a ``torch.sparse.SparseSemiStructuredTensor``
     weight (the layer's own forward then runs the sparse kernel); other
     layers, and layers whose shapes the kernels do not support, stay dense.
+    The kernels are cuSPARSELt's, or CUTLASS's where torch lacks cuSPARSELt
+    (on compute capability 8.x only: torch builds CUTLASS's for no other).
 
     Args:
         model: a finalized model (no Pruner attached) on a CUDA device, in
@@ -193,7 +245,10 @@ def to_semi_structured(model: nn.Module) -> list[str]:
         The names of the converted layers.
 
     Raises:
-        RuntimeError: without a CUDA device, or if a Pruner is still attached.
+        RuntimeError: without a CUDA device, if a Pruner is still attached, or
+            where no semi-structured kernel runs on the model's GPU (below
+            compute capability 8.0, or a torch without cuSPARSELt on a GPU
+            other than 8.x, such as an H100); the model is then left as it was.
         ValueError: for a Linear weight that is not on CUDA or not float16/bfloat16.
     """
     if not torch.cuda.is_available():
@@ -203,23 +258,8 @@ def to_semi_structured(model: nn.Module) -> list[str]:
             "dense N:M weights (they run and export as they are), or store them compactly "
             "with encode_nm / the .fsp format"
         )
-    from torch.sparse import (
-        SparseSemiStructuredTensor,
-        SparseSemiStructuredTensorCUSPARSELT,
-        SparseSemiStructuredTensorCUTLASS,
-    )
-
-    # torch.sparse.to_sparse_semi_structured always picks cuSPARSELt unless told to force
-    # CUTLASS, and a torch built without cuSPARSELt then fails on every layer: pick CUTLASS
-    # (NVIDIA's sparse tensor cores too, through CUTLASS's kernels) where it is missing.
-    backend: type[SparseSemiStructuredTensor] = (
-        SparseSemiStructuredTensorCUSPARSELT
-        if torch.backends.cusparselt.is_available()
-        and not SparseSemiStructuredTensor._FORCE_CUTLASS
-        else SparseSemiStructuredTensorCUTLASS
-    )
     pattern = NMPattern(2, 4)
-    converted = []
+    layers: list[tuple[str, nn.Linear]] = []
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
             continue
@@ -233,11 +273,18 @@ def to_semi_structured(model: nn.Module) -> list[str]:
                 f"layer {name!r} is {w.dtype} on {w.device}: semi-structured sparsity needs "
                 "float16 or bfloat16 weights on CUDA (model.half().cuda())"
             )
+        layers.append((name, module))
+    # Every GPU is checked before any layer changes: a layer converted for kernels
+    # its GPU lacks would fail at the model's next forward.
+    backends = {w.device: _semi_structured_backend(w.device) for w in (m.weight for _, m in layers)}
+    converted = []
+    for name, module in layers:
+        w = module.weight
         if w.shape[1] % 4 or ((group_view(w, pattern) != 0).sum(1) > 2).any():
             continue
         try:
             # the kernels take a contiguous weight only (a transposed one would stay dense)
-            sparse = backend.from_dense(w.detach().contiguous())
+            sparse = backends[w.device].from_dense(w.detach().contiguous())
         except (RuntimeError, ValueError) as err:  # shapes the kernels do not support
             logger.info("to_semi_structured: %s stays dense (%s)", name, err)
             continue
