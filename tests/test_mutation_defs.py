@@ -10,6 +10,7 @@ harness mutates a fresh clone.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -43,7 +44,7 @@ def _committed(path: str) -> str:
 
 
 def test_there_are_mutant_modules() -> None:
-    assert {"m_ops", "m_nm", "m_sel", "m_codec", "m_dist"} <= set(MODULES)
+    assert {"m_ops", "m_nm", "m_sel", "m_codec", "m_dist", "m_train", "m_nmb"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -76,3 +77,16 @@ def test_every_mutant_has_a_row_in_the_report(name: str) -> None:
     module = _load(name)
     missing = [m["id"] for m in module.MUTATIONS if m["id"] not in report.LOC]
     assert not missing, f"report.py's LOC lacks {missing}"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_mutant_has_a_recorded_outcome_and_a_section_in_the_report(name: str) -> None:
+    """``report.py`` reads each module's ``results/results_KEY.jsonl`` (a missing id
+    would stop it with a KeyError) and prints the modules of its ``MODULES``."""
+    report: Any = _load("report")
+    key = name.removeprefix("m_")
+    assert key in {k for k, _ in report.MODULES}, f"report.py's MODULES lacks {key!r}"
+    results = MUTATION / "results" / f"results_{key}.jsonl"
+    recorded = {json.loads(line)["id"] for line in results.read_text().splitlines() if line}
+    missing = [m["id"] for m in _load(name).MUTATIONS if m["id"] not in recorded]
+    assert not missing, f"{results.name} has no outcome for {missing}"
