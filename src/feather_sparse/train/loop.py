@@ -622,7 +622,14 @@ def _train_locked(
     if ctx.is_main:
         _prepare(run_path)
 
+    # Settings of the whole process the run changes, given back when it ends: a
+    # notebook's later work must not run on one thread or deterministic kernels.
     threads = torch.get_num_threads()
+    deterministic = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    cudnn_benchmark = torch.backends.cudnn.benchmark
     if config.threads is not None:
         # Small models train fastest on one thread; kernels of a few thousand
         # elements lose more to thread hand-offs than they gain.
@@ -646,6 +653,8 @@ def _train_locked(
             )
     finally:
         torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        torch.backends.cudnn.benchmark = cudnn_benchmark
 
 
 def _run_work(run_path: Path) -> list[str]:
