@@ -19,21 +19,9 @@ from torch import nn
 
 import feather_sparse as fs
 from feather_sparse.baselines import SpartanBackbone, st3_rescale
+from test_baselines import SmallCNN
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-class SmallCNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
-        self.fc = nn.Linear(16, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x))
-        return self.fc(x.mean((2, 3)))
 
 
 def forward_weight(module: nn.Module) -> torch.Tensor:

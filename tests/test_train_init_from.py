@@ -91,13 +91,13 @@ def test_a_wrong_init_from_is_refused_before_training(
 ) -> None:
     source = tmp_path / "source"
     expected = {
-        "missing": "does not exist",
-        "unfinished": f"is a folder without a model.fsp (a run that has not finished, or not "
-        f"a run folder); export the model of its last checkpoint first (feather-sparse export "
-        f"{source}",
-        "checkpoint": "is a training checkpoint, not a model file; export its model first "
-        f"(feather-sparse export {source} -o start.fsp)",
-        "text": "is not a sparse checkpoint (.fsp)",
+        "missing": f"sparse checkpoint '{source}' does not exist",
+        "unfinished": f"{source} is a folder without a model.fsp (a run that has not finished, "
+        f"or not a run folder); export the model of its last checkpoint first (feather-sparse "
+        f"export {source}",
+        "checkpoint": f"{source} is a PyTorch checkpoint, not a sparse checkpoint; make one "
+        f"with: feather-sparse export {source} -o model.fsp",
+        "text": f"{source} is not a readable feather-sparse checkpoint",
     }[kind]
     if kind == "unfinished":
         source.mkdir()
@@ -109,7 +109,7 @@ def test_a_wrong_init_from_is_refused_before_training(
     argv = [*tiny_run_args(256, 64, epochs=1), "--init-from", str(source), "--run-dir", str(run)]
     assert cli.main(["train", *argv]) == 1
     err = capsys.readouterr().err
-    assert f"init_from: {source} {expected}" in err
+    assert f"init_from: {expected}" in err
     assert len(err.strip().splitlines()) == 1
     assert not (run / "metrics.jsonl").exists()
 

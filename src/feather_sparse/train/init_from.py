@@ -18,8 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from feather_sparse.export.files import sniff
-from feather_sparse.export.fsp import load_sparse
+from feather_sparse.export.fsp import inspect_sparse, load_sparse
 
 __all__ = ["load_init", "resolve_init"]
 
@@ -36,32 +35,25 @@ def resolve_init(source: str) -> Path:
     Raises:
         FileNotFoundError: if nothing is there, or a folder has no ``model.fsp``
             (a run that did not finish: the message gives the export command).
-        ValueError: for a training checkpoint (export its model first, as the
-            message says) or a file of another kind.
+        ValueError: for a training checkpoint (the message gives the export
+            command), a file of another kind, or a damaged ``.fsp`` header.
     """
     path = Path(source).expanduser()
     if path.is_dir():
         model = path / _RUN_MODEL
-        if model.is_file():
-            return model
-        raise FileNotFoundError(
-            f"init_from: {path} is a folder without a {_RUN_MODEL} (a run that has not "
-            f"finished, or not a run folder); export the model of its last checkpoint first "
-            f"(feather-sparse export {path} -o {path / 'start.fsp'}) and give that file"
-        )
-    if not path.exists():
-        raise FileNotFoundError(f"init_from: {path} does not exist")
-    kind = sniff(path)
-    if kind == "zip":
-        raise ValueError(
-            f"init_from: {path} is a training checkpoint, not a model file; export its model "
-            f"first (feather-sparse export {path} -o start.fsp) and give that file"
-        )
-    if kind != "safetensors":
-        raise ValueError(
-            f"init_from: {path} is not a sparse checkpoint (.fsp); give a .fsp written by "
-            "feather-sparse (fs.save_sparse, feather-sparse export) or a finished run folder"
-        )
+        if not model.is_file():
+            raise FileNotFoundError(
+                f"init_from: {path} is a folder without a {_RUN_MODEL} (a run that has not "
+                f"finished, or not a run folder); export the model of its last checkpoint "
+                f"first (feather-sparse export {path} -o {path / 'start.fsp'}) and give that file"
+            )
+        path = model
+    try:
+        inspect_sparse(path)  # the header alone: the kind of file, its format and version
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"init_from: {err}") from None
+    except ValueError as err:
+        raise ValueError(f"init_from: {err}") from None
     return path
 
 
