@@ -297,16 +297,20 @@ def test_a_new_run_never_writes_over_a_finished_run(finished_run: Path, tmp_path
 
 
 @guard(
-    "`--resume` of a finished run with settings that differ from its own",
-    "`ValueError` naming the fields (as for an unfinished run); nothing written",
+    "`--resume` of a finished run with settings that differ from its own (more epochs)",
+    "`ValueError` naming the fields (as for an unfinished run) and how to train the model "
+    "further: a new run from its weights (`--init-from RUN`); nothing written",
 )
 def test_resuming_a_finished_run_with_other_settings_is_refused(
-    finished_run: Path, tmp_path: Path
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = copy_run(finished_run, tmp_path)
     with pytest.raises(ValueError, match=r"contradicts.*sparsity=0.9 in the checkpoint but 0.5"):
         train(small_config(sparsity=0.5), run, resume=True, progress=False)
     assert cli.main(["train", "--resume", str(run), "--epochs", "5"]) == 1
+    err = capsys.readouterr().err
+    assert f"{run} has finished: to train its model further" in err
+    assert f"feather-sparse train --init-from {run} --run-dir NEW_FOLDER" in err
 
 
 @guard(

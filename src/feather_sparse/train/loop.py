@@ -603,7 +603,14 @@ def _train_locked(
         if finished is not None:
             recorded = _recorded_config(run_path)
             if recorded is not None:  # a finished run is read back only as it was trained
-                _check_resume(config, recorded)
+                try:
+                    _check_resume(config, recorded)
+                except ValueError as err:
+                    raise ValueError(
+                        f"{err}. {run_path} has finished: to train its model further (more "
+                        "epochs, another sparsity), start a new run from its weights: "
+                        f"feather-sparse train --init-from {run_path} --run-dir NEW_FOLDER ..."
+                    ) from None
             return _finished_result(config, run_path, finished, started)
         # Every check before anything in the folder changes (a damaged last.pt
         # is set aside, config.json rewritten) only once they all pass.
