@@ -4,10 +4,14 @@ Times ``F.linear`` with the weight as ``torch.sparse.to_sparse_semi_structured``
 (NVIDIA's sparse tensor cores, Ampere or newer) against the dense fp16/bf16
 weight, forward and forward+backward (gradient of the input; the sparse
 weight is frozen, as at inference or in a frozen-mask fine-tune), at the
-Linear shapes of real models. Prints the device name and the ratios
-measured in one run, with CUDA events; without CUDA it says so and exits.
+Linear shapes of real models. The forward is timed under ``torch.no_grad()``
+(inference), the forward+backward with the input requiring its gradient.
+One table per number of tokens (rows of the input). Prints the device name
+and the ratios measured in one run, with CUDA events; without CUDA it says
+so and exits.
 
-    python benchmarks/bench_nm_linear_gpu.py [--tokens 4096] [--dtype float16] [--repeats 50]
+    python benchmarks/bench_nm_linear_gpu.py [--tokens 4096 32768] [--dtype float16] \
+        [--repeats 50]
 """
 
 from __future__ import annotations
@@ -51,7 +55,9 @@ def cuda_time(fn: Callable[[], object], repeats: int, warmup: int = 10) -> float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=4096, help="rows of the input batch")
+    parser.add_argument(
+        "--tokens", type=int, nargs="+", default=[4096], help="rows of the input (a table each)"
+    )
     parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
@@ -67,8 +73,15 @@ def main() -> int:
         return 1
     dtype = getattr(torch, args.dtype)
     print(f"feather-sparse {fs.__version__}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    for tokens in args.tokens:
+        _table(backend, dtype, args.dtype, tokens, args.repeats)
+    return 0
+
+
+def _table(backend: type, dtype: torch.dtype, dtype_name: str, tokens: int, repeats: int) -> None:
+    """One table: every shape at ``tokens`` rows of input."""
     print(
-        f"device: {torch.cuda.get_device_name()}, {args.dtype}, {args.tokens} tokens, "
+        f"device: {torch.cuda.get_device_name()}, {dtype_name}, {tokens} tokens, "
         f"{backend.BACKEND} kernels\n"
     )
     print(
@@ -81,11 +94,15 @@ def main() -> int:
         w = nm_threshold(torch.randn(out_f, in_f, device="cuda"), "2:4", p=float("inf"))
         w = w.to(dtype)
         sparse = backend.from_dense(w)
-        x = torch.randn(args.tokens, in_f, device="cuda", dtype=dtype, requires_grad=True)
-        g = torch.randn(args.tokens, out_f, device="cuda", dtype=dtype)
+        x = torch.randn(tokens, in_f, device="cuda", dtype=dtype, requires_grad=True)
+        g = torch.randn(tokens, out_f, device="cuda", dtype=dtype)
 
         def fwd(weight: torch.Tensor) -> Callable[[], object]:
-            return lambda: F.linear(x, weight)
+            def run() -> object:
+                with torch.no_grad():  # inference: no graph recorded for the input
+                    return F.linear(x, weight)
+
+            return run
 
         def fwd_bwd(weight: torch.Tensor) -> Callable[[], object]:
             def step() -> None:
@@ -94,10 +111,10 @@ def main() -> int:
 
             return step
 
-        row = [cuda_time(fwd(w), args.repeats), cuda_time(fwd(sparse), args.repeats)]
-        dense_bwd = cuda_time(fwd_bwd(w), args.repeats)
+        row = [cuda_time(fwd(w), repeats), cuda_time(fwd(sparse), repeats)]
+        dense_bwd = cuda_time(fwd_bwd(w), repeats)
         try:
-            sparse_bwd = cuda_time(fwd_bwd(sparse), args.repeats)
+            sparse_bwd = cuda_time(fwd_bwd(sparse), repeats)
             bwd = f"{dense_bwd:.3f} | {sparse_bwd:.3f} | {dense_bwd / sparse_bwd:.2f}×"
         except (RuntimeError, NotImplementedError) as err:  # no transposed copy of the weight
             bwd = f"{dense_bwd:.3f} | unsupported ({type(err).__name__}) | –"
@@ -105,7 +122,7 @@ def main() -> int:
             f"| {model} | {layer} | {out_f} × {in_f} | {row[0]:.3f} | {row[1]:.3f} "
             f"| {row[0] / row[1]:.2f}× | {bwd} |"
         )
-    return 0
+    print()
 
 
 if __name__ == "__main__":

@@ -63,12 +63,16 @@ def main() -> None:
     if args.ties is not None:
         ties(args.sizes, args.ties, s, args.repeats, device)
         return
+    # Where ours sorts one buffer (one process on a GPU), bucket narrowing, which it
+    # replaced there, is timed beside it.
+    by_sort = device.type in selection.SORT_DEVICES
     print(f"# threshold selection at sparsity {s}; {machine(device)}\n")
     print(
         "| weights | sort quantile (ms) | cat+kthvalue (ms) | ours cold (ms) | ours warm (ms) "
         "| sort / cold | sort / warm | pruned count ours / sort-k |"
+        + (" bucket narrowing warm (ms) | bucket / ours warm |" if by_sort else "")
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if by_sort else ""))
     g = torch.Generator().manual_seed(0)
     for millions in args.sizes:
         n = round(millions * 1e6)
@@ -85,6 +89,11 @@ def main() -> None:
                 "kth": lambda: concat_kthvalue(moved, s),
                 "cold": lambda: select_threshold(moved, s),
                 "warm": lambda: select_threshold(moved, s, hint=t_prev),
+                **(
+                    {"bucket": bucket_narrowing(lambda: select_threshold(moved, s, hint=t_prev))}
+                    if by_sort
+                    else {}
+                ),
             },
             repeats=args.repeats,
             device=device,
@@ -100,7 +109,22 @@ def main() -> None:
             f"| {ms['cold']:.1f} | {ms['warm']:.1f} "
             f"| {times['sort'] / times['cold']:.1f}× | {times['sort'] / times['warm']:.1f}× "
             f"| {c_ours:,} / {c_sort:,} |"
+            + (f" {ms['bucket']:.1f} | {times['bucket'] / times['warm']:.1f}× |" if by_sort else "")
         )
+
+
+def bucket_narrowing(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """``fn`` run with the sort path off: bucket narrowing on every device."""
+
+    def run() -> torch.Tensor:
+        saved = selection.SORT_DEVICES
+        selection.SORT_DEVICES = frozenset()
+        try:
+            return fn()
+        finally:
+            selection.SORT_DEVICES = saved
+
+    return run
 
 
 def passes(fn: Callable[[], torch.Tensor]) -> int:

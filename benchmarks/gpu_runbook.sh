@@ -30,7 +30,8 @@ fi
 
 {
   date -u
-  git rev-parse HEAD 2>/dev/null || echo "commit: ${COMMIT:-unknown (no .git here: set COMMIT)}"
+  # COMMIT first: a copy of the tree may carry a stale .git (a lent GPU machine's did)
+  echo "commit: ${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo "unknown (no .git here: set COMMIT)")}"
   timeout -k "$KILL_AFTER" 10 nvidia-smi 2>&1 || echo "nvidia-smi: failed or not found"
   timeout -k "$KILL_AFTER" 30 "$PY" - <<'EOF'
 import importlib.util
@@ -78,7 +79,7 @@ part() {  # part NAME SECONDS COMMAND...: run with a time limit, output to $OUT/
 part gpu-tests.log 180 env CUBLAS_WORKSPACE_CONFIG=:4096:8 \
   "$PY" -m pytest -p no:cacheprovider -q -m gpu -ra --durations=15 -o timeout=120 \
   $(grep -l "mark.gpu\|marks=pytest.mark.gpu" tests/test_*.py)
-part nm-linear.md 60 "$PY" benchmarks/bench_nm_linear_gpu.py --dtype float16
+part nm-linear.md 60 "$PY" benchmarks/bench_nm_linear_gpu.py --dtype float16 --tokens 4096 32768
 part train-step.md 90 "$PY" benchmarks/bench_train_step.py --device cuda --repeats 11
 part selection.md 55 "$PY" benchmarks/bench_selection.py --device cuda --sizes 1.1 25.6 100
 part nm-step.md 55 "$PY" benchmarks/bench_nm_step.py --device cuda --micro 1 --repeats 21

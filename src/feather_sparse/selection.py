@@ -119,6 +119,15 @@ CANDIDATE_CAP = 1 << 16
 MAX_PASSES = 64
 
 
+# Devices on which a single process selects by sorting one buffer of the
+# magnitudes (see _sort_select): a GPU, where bucket narrowing's per-chunk host
+# synchronisations made it ten times slower than a sort (an H200, 2026-11-26).
+# Up to SORT_MAX_BYTES of magnitudes (the sort then holds about four times
+# that); above, and across processes, bucket narrowing as everywhere.
+SORT_DEVICES = frozenset({"cuda"})
+SORT_MAX_BYTES = 1 << 30
+
+
 @dataclass
 class PassStats:
     """What a selection's first pass learns about each tensor on the way.
@@ -591,6 +600,12 @@ def _select(
     chunks = _chunks(tensors, dtype, scales)  # validates the scales
     if k == 0:
         return torch.zeros((), dtype=dtype, device=device)
+    if (
+        group is None
+        and device.type in SORT_DEVICES
+        and n * torch.finfo(dtype).bits // 8 <= SORT_MAX_BYTES
+    ):
+        return _sort_select(tensors, dtype, device, n, k, stats, scales)
     # A window holding more than `cap` magnitudes is narrowed, not gathered.
     cap = _gather_cap(n) if group is None else CANDIDATE_CAP
 
@@ -676,6 +691,43 @@ def _select(
         f"magnitudes, last window ({w_lo!r}, {w_hi!r}]): this is a bug in feather-sparse; "
         "please report it with the weights' dtype and size (selection.kth_magnitude)"
     )
+
+
+def _sort_select(
+    tensors: Sequence[Tensor],
+    dtype: torch.dtype,
+    device: torch.device,
+    n: int,
+    k: int,
+    stats: PassStats | None,
+    scales: Sequence[float] | None,
+) -> Tensor:
+    """The k-th smallest magnitude by sorting one buffer of all the magnitudes.
+
+    The magnitudes (``|w|·scale``, computed as every pass computes them) are
+    written into one buffer, tensor by tensor, and sorted: on a GPU one sort
+    of the whole buffer costs a fraction of bucket narrowing's per-chunk
+    kernels and host synchronisations. The same value as :func:`_select`'s
+    other path, to the bit (NaN sorts last, above ``inf``: a ``k`` among NaNs
+    is refused the same way).
+    """
+    mags = torch.empty(n, dtype=dtype, device=device)
+    offset = 0
+    maxima = []
+    for i, t in enumerate(tensors):
+        m = t.numel()
+        scale = 1.0 if scales is None else float(scales[i])
+        a = _magnitudes((t.detach().reshape(-1), scale), dtype, out=mags[offset : offset + m])
+        maxima.append(a.amax() if m else torch.zeros((), dtype=dtype, device=device))
+        offset += m
+    if stats is not None and scales is None:
+        stats.abs_max = (
+            torch.stack(maxima) if maxima else torch.zeros(0, dtype=dtype, device=device)
+        )
+    value = torch.sort(mags).values[k - 1]
+    if torch.isnan(value):
+        raise ValueError("the k-th magnitude is NaN: the weights contain NaN")
+    return value
 
 
 def kth_magnitude(
