@@ -1,4 +1,4 @@
-"""Exact k-th smallest magnitude over many tensors, without sorting or concatenating.
+"""Exact k-th smallest magnitude over many tensors, without sorting or concatenating (CPU).
 
 Over 600 lines as one cohesive thing: a single algorithm (bucket narrowing),
 its local and its multi-process (torch.distributed) form sharing every pass.
@@ -50,6 +50,12 @@ element ``w`` of tensor ``i`` then counts as ``|w|·scales[i]`` (computed chunk
 by chunk, never as a scaled copy of the weights). The FLOPs-biased global
 backbone ranks ``|w| / s_l`` this way (ST-3σ, Vanderschueren & De
 Vleeschouwer 2023).
+
+On a GPU, one process instead sorts one buffer of all the magnitudes
+(:data:`SORT_DEVICES`, up to :data:`SORT_MAX_BYTES`): bucket narrowing waits
+for the device once per chunk, and on an NVIDIA H200 it was ten times slower
+than a sort (one sort there is 4–8× faster; ``docs/benchmarks.md``). Both
+paths give the same value to the bit.
 
 Ties: ``T`` is the k-th smallest magnitude *value*. When several weights share
 that magnitude, all of them satisfy ``|w| <= T``, so more than ``k`` weights
