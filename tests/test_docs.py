@@ -471,6 +471,191 @@ def test_training_page_python_example_runs(
     assert json.loads(lines[0])["my_value"] == pytest.approx(0.95, abs=1e-3)
 
 
+#: A run of the training page's commands at a tiny size: one epoch of 128 synthetic signals.
+_TINY_RUN = [
+    "--epochs",
+    "1",
+    "--dataset",
+    "synthetic-mnist1d",
+    "--set",
+    "data_options={train_size = 128, test_size = 32}",
+    "--no-tensorboard",
+]
+
+
+def _section(page: str, heading: str) -> str:
+    """The text of ``page`` under ``heading`` (a `## ` heading), up to the next one."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    return text[text.index(f"\n## {heading}\n") :].split("\n## ", 2)[1]
+
+
+def test_training_page_init_from_commands_run_as_the_page_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/training.md, "Starting from trained weights": its two commands, run (one
+    epoch of synthetic data), start the second run from the first one's `model.fsp`
+    and record it as the page says; the refusals the section describes name what it
+    says they name, and the export command an unfinished run's refusal gives works."""
+    import hashlib
+    import json
+
+    from feather_sparse import cli
+
+    section = _section("docs/training.md", "Starting from trained weights")
+    commands = [_cli_argv(line) for block in _code_blocks(section) for line in _shell_lines(block)]
+    dense, pruned = [argv for argv in commands if argv is not None]
+    assert "--dense" in dense and "--init-from" in pruned
+    monkeypatch.chdir(tmp_path)
+    with one_thread():
+        assert cli.main([*dense, *_TINY_RUN]) == 0
+        assert cli.main([*pruned, *_TINY_RUN]) == 0
+    capsys.readouterr()
+    source = (tmp_path / pruned[pruned.index("--init-from") + 1] / "model.fsp").resolve()
+    run = tmp_path / pruned[pruned.index("--run-dir") + 1]
+    # "config.json records the file's absolute path and SHA-256 (`"init"`)"
+    recorded = json.loads((run / "config.json").read_text())["init"]
+    assert recorded == {
+        "path": str(source),
+        "sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+    }
+    # "the run's log says `starting from the weights of PATH`"
+    logged = re.search(r"the run's log says `([^`]*) PATH`", section)
+    assert logged is not None
+    phrase = " ".join(logged.group(1).split())  # the code span may wrap
+    assert f"{phrase} {source}" in (run / "train.log").read_text()
+
+    # "a missing file ... stops the command before the run folder is made"
+    assert "before the run folder is made" in section
+    assert cli.main(["train", "--init-from", "nothing-here", "--run-dir", "never", *_TINY_RUN]) == 1
+    assert "nothing-here" in capsys.readouterr().err and not (tmp_path / "never").exists()
+    # "--resume refuses the changed settings and its message gives the --init-from command"
+    assert cli.main(["train", "--resume", str(run), "--epochs", "2"]) == 1
+    assert f"--init-from {run} --run-dir" in capsys.readouterr().err
+    # "A training checkpoint or an unfinished run has no model.fsp: export one first
+    # (`feather-sparse export RUN -o start.fsp` ...) ...; the error names the command."
+    assert "the error names the command" in section
+    with one_thread():
+        stopped = ["--epochs", "2", "--stop-after-epoch", "1"]
+        assert cli.main(["train", "--dense", "--run-dir", "unfinished", *_TINY_RUN, *stopped]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "--init-from", "unfinished", "--run-dir", "next", *_TINY_RUN]) == 1
+    export = re.search(r"\((feather-sparse export [^)]*)\)", capsys.readouterr().err)
+    assert export is not None
+    argv = _cli_argv(export.group(1))
+    assert argv is not None
+    assert cli.main(argv) == 0
+    start = argv[argv.index("-o") + 1]
+    with one_thread():
+        assert cli.main(["train", "--init-from", start, "--run-dir", "next", *_TINY_RUN]) == 0
+
+
+def test_training_page_model_kwargs_tables_are_what_the_page_says(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/training.md's `--model-kwargs` tables: the misspelt one stops
+    `--print-config` with the names the page lists, the TOML and the JSON spelling
+    give the same config, and none builds a model far larger than the default (a
+    table the page shows is one a newcomer copies)."""
+    import torch
+
+    from feather_sparse import cli, models
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    text = (ROOT / "docs/training.md").read_text(encoding="utf-8")
+    typo = re.search(
+        r"`--model-kwargs '(\{[^']*\})'` stops with the names the model takes:\s+`([^`]*)`", text
+    )
+    assert typo is not None
+    assert cli.main(["train", "--model-kwargs", typo.group(1), "--print-config"]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"it accepts: {typo.group(2)}")
+
+    tables = {t for t in re.findall(r"'(\{[^']*\})'", text) if t != typo.group(1)}
+    assert any('"' in t for t in tables) and any("=" in t for t in tables)  # JSON and TOML
+    printed = set()
+    default = sum(p.numel() for p in models.create_model("mnist1d_cnn").parameters())
+    for table in tables:
+        assert cli.main(["train", "--model-kwargs", table, "--print-config"]) == 0, table
+        (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("model_kw")]
+        printed.add(line)
+        kwargs = tomllib.loads(line)["model_kwargs"]
+        with torch.device("meta"):
+            model = models.create_model("mnist1d_cnn", **kwargs)
+        assert sum(p.numel() for p in model.parameters()) < 10 * default, table
+    assert len(printed) == 1, printed
+
+
+def test_export_and_nm_pages_tied_weight_statements_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/guide/export.md's "Tied weights" and docs/guide/nm.md's format versions:
+    a tied head is an alias record (version 3) that `inspect` shows as `= <first
+    key>` with 0 bytes, `export x.fsp -o y.fsp` keeps it, loading keeps the tie;
+    a file without a tie is version 1, with N:M records 2, with both 3; a reader of
+    versions 1 to 2 refuses a version-3 file with the message the page quotes."""
+    import torch
+
+    import feather_sparse as fs
+    from feather_sparse import cli
+    from feather_sparse.export import header
+
+    export_page = (ROOT / "docs/guide/export.md").read_text(encoding="utf-8")
+    nm_page = (ROOT / "docs/guide/nm.md").read_text(encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+
+    def lm(tied: bool, pattern: str | None = None) -> nn.Sequential:
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            nn.Embedding(64, 16), nn.Linear(16, 16), nn.Linear(16, 64, bias=False)
+        )
+        if tied:
+            model[2].weight = model[0].weight
+        fs.Pruner(
+            model, sparsity=0.5, pattern=pattern, total_steps=1, schedule="constant"
+        ).finalize()
+        return model
+
+    with one_thread():
+        tied = fs.save_sparse(lm(tied=True), "x.fsp")
+        assert tied.format_version == 3 and "format\n  version 3" in export_page
+        assert [(r.name, r.alias_of) for r in tied.tensors if r.alias_of] == [
+            ("2.weight", "0.weight")
+        ]
+        assert cli.main(["inspect", "x.fsp"]) == 0
+        (row,) = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith("2.w")]
+        assert row[-4:-2] == ["=", "0.weight"] and row[-1] == "0"  # `= <first key>`, 0 bytes
+        # "`feather-sparse export x.fsp -o y.fsp` keeps the alias"
+        assert "`feather-sparse export x.fsp -o y.fsp` keeps the alias" in export_page
+        assert cli.main(["export", "x.fsp", "-o", "y.fsp"]) == 0
+        again = fs.inspect_sparse("y.fsp")
+        assert again.format_version == 3 and again.tensors[-1].alias_of == "0.weight"
+        into = lm(tied=True)
+        fs.load_sparse("y.fsp", into)
+        assert into[2].weight is into[0].weight
+
+        versions = {
+            "plain": fs.save_sparse(lm(tied=False), "plain.fsp").format_version,
+            "nm": fs.save_sparse(lm(tied=False, pattern="2:4"), "nm.fsp").format_version,
+            "nm+tie": fs.save_sparse(lm(tied=True, pattern="2:4"), "both.fsp").format_version,
+        }
+    assert versions == {"plain": 1, "nm": 2, "nm+tie": 3}
+    assert "is format version 2; one without is written as version 1" in nm_page
+    assert re.search(r"tied weight as an alias record is version 3", nm_page)
+
+    # What an earlier reader (formats 1 to 2) says to a version-3 file, as the page quotes it.
+    quote = re.search(r"message naming the version \(`([^`]*)`\)", export_page)
+    assert quote is not None
+    monkeypatch.setattr(header, "FORMAT_VERSION", 2)
+    with pytest.raises(ValueError) as refused:
+        fs.load_sparse("x.fsp")
+    message = str(refused.value).replace(fs.__version__, "0.1.0")
+    before, after = " ".join(quote.group(1).split()).split(" ...")  # the code span may wrap
+    assert message.startswith(before) and message.endswith(after), (quote.group(1), message)
+
+
 def test_results_page_run_count_command_prints_what_the_page_says(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -80,7 +80,7 @@ to its token embedding lists it — is stored once. Its record names the
 earlier entry (``alias_of``), repeats its shape, dtype, non-zero count and
 CRC-32, and stores no bytes; loading gives the one tensor under both keys, as
 ``model.state_dict()`` did. Overlapping views that differ (a slice of another
-entry) are stored each on its own.
+entry, or ``z.conj()`` of an entry ``z``) are stored each on its own.
 
 ``values`` precision: ``"fp32"`` is lossless — non-zeros keep their tensor's own
 dtype (float32 stays float32; float16, bfloat16 and float64 tensors keep
@@ -396,7 +396,9 @@ def _storage_key(tensor: Tensor) -> tuple[Any, ...] | None:
     """What makes two ``state_dict`` entries one tensor (a tied weight), or ``None``.
 
     Two entries are stored once when they view the same memory the same way:
-    the same storage, offset, shape, strides, dtype and device. Overlapping
+    the same storage, offset, shape, strides, dtype and device, and the same
+    conjugate and negative bits (``z.conj()`` reads ``z``'s memory as other
+    values). Overlapping
     views that differ (a slice of another entry) are stored each on its own;
     so are empty tensors and tensor subclasses (a ``DTensor``'s storage is
     its shard's).
@@ -410,12 +412,14 @@ def _storage_key(tensor: Tensor) -> tuple[Any, ...] | None:
         tuple(tensor.stride()),
         tensor.dtype,
         tensor.device,
+        tensor.is_conj(),  # z.conj() views z's memory but holds other values
+        tensor.is_neg(),  # so does z.conj().imag (a negative view)
     )
 
 
 def _encode_tensor(name: str, tensor: Tensor, values: str) -> tuple[TensorRecord, bytes]:
     """The record and the stored bytes of one state_dict tensor."""
-    t = tensor.detach().cpu().contiguous()
+    t = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous()  # values, not views
     raw = _raw_bytes(t)
     floating = t.is_floating_point() and t.element_size() in _BITS_DTYPES
     nonzero = _bits(t) != 0 if floating else None
