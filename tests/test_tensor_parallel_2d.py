@@ -6,7 +6,8 @@ Pruner, then ``fully_shard`` on ``mesh["dp"]``; a last Linear that tensor
 parallelism leaves whole is sharded by FSDP2 alone. Run on a (1, 2) and a
 (2, 1) mesh, which between them exercise both mesh dimensions with two
 processes, and on a (2, 2) mesh on four: the column- and row-wise weights are
-sharded on both mesh dimensions (FSDP2's ``_StridedShard`` over a ``Shard``),
+sharded on both mesh dimensions (column-wise: FSDP2's ``_StridedShard(0)`` over
+tensor parallelism's ``Shard(0)``; row-wise: ``Shard(0)`` over ``Shard(1)``),
 the last weight on ``dp`` only, and the Pruner selects over the two dimensions
 together, counting each weight once.
 

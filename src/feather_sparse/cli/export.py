@@ -18,6 +18,7 @@ from feather_sparse.export.header import (
     SparseFileInfo,
     format_info,
     human_bytes,
+    smaller_or_larger,
 )
 from feather_sparse.export.onnx import check_example_input, export_onnx, onnx_opset, verify_onnx
 from feather_sparse.export.run import (
@@ -135,7 +136,7 @@ def _warn_of_name(target: Path, kind: str) -> None:
 def _print_written(info: SparseFileInfo) -> None:
     print(
         f"wrote {info.path}: {human_bytes(info.file_bytes)} "
-        f"({info.dense_bytes / max(info.file_bytes, 1):.2f}x smaller than dense, "
+        f"({smaller_or_larger(info.dense_bytes, info.file_bytes)} than dense, "
         f"sparsity {info.sparsity:.4f})"
     )
 

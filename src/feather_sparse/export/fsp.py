@@ -140,6 +140,7 @@ from feather_sparse.export.header import (
     _header_bytes,
     _parse_header,
     file_version,
+    smaller_or_larger,
 )
 from feather_sparse.integrity import write_atomic
 from feather_sparse.nm.operator import NMPattern
@@ -604,10 +605,10 @@ def save_sparse(
     write_atomic(target, data)
     info = _parse_header(str(target), header, target.stat().st_size)
     logger.info(
-        "wrote %s: %d bytes (%.1fx smaller than dense, %.3fx the bound H(d)*N + raw values)",
+        "wrote %s: %d bytes (%s than dense, %.3fx the bound H(d)*N + raw values)",
         target,
         info.file_bytes,
-        info.dense_bytes / max(info.file_bytes, 1),
+        smaller_or_larger(info.dense_bytes, info.file_bytes, digits=1),
         info.file_bytes / max(info.entropy_bound_bytes, 1.0),
     )
     return info

@@ -36,6 +36,7 @@ __all__ = [
     "file_version",
     "format_info",
     "human_bytes",
+    "smaller_or_larger",
 ]
 
 #: Name written into (and required from) every sparse checkpoint.
@@ -411,6 +412,19 @@ def _describe_spec(spec: Mapping[str, Any] | None) -> str:
     return f"{spec.get('name')}({kwargs})"
 
 
+def smaller_or_larger(dense_bytes: float, file_bytes: float, digits: int = 2) -> str:
+    """``"9.00x smaller"`` than dense, or ``"1.92x larger"`` for a file above its dense bytes.
+
+    Args:
+        dense_bytes: the tensors' bytes stored densely.
+        file_bytes: the file's size.
+        digits: decimals of the factor.
+    """
+    if file_bytes > dense_bytes:
+        return f"{file_bytes / max(dense_bytes, 1):.{digits}f}x larger"
+    return f"{dense_bytes / max(file_bytes, 1):.{digits}f}x smaller"
+
+
 def human_bytes(n: float) -> str:
     """``n`` bytes in B, KiB, MiB or GiB, for people to read.
 
@@ -463,7 +477,7 @@ def format_info(info: SparseFileInfo) -> str:
         + (f", {len(info.tensors) - len(info.stored)} tied: stored once" if aliases else "")
         + f"), sparsity of the sparse ones {info.sparsity:.4f}",
         f"size: {human_bytes(info.file_bytes)} vs {human_bytes(info.dense_bytes)} dense "
-        f"({info.dense_bytes / max(info.file_bytes, 1):.2f}x smaller), "
+        f"({smaller_or_larger(info.dense_bytes, info.file_bytes)}), "
         f"{info.file_bytes / max(bound, 1.0):.3f}x the bound H(d)*N + raw values",
     ]
     sparse = [r for r in info.stored if r.is_sparse]

@@ -131,13 +131,13 @@ class TrainConfig:
     model: str = _f("mnist1d_cnn", "registered model name (feather_sparse.models)")
     model_kwargs: dict[str, Any] = field(
         default_factory=dict,
-        metadata={"help": "extra keyword arguments of the model factory, e.g. '{width = 64}'"},
+        metadata={"help": "extra keyword arguments of the model factory, e.g. '{width = 2}'"},
     )
     dataset: str = _f("mnist1d", "registered data set name (feather_sparse.data)")
     data_dir: str | None = _f(None, "where the data set lives on disk (CIFAR archive, ImageNet)")
     data_options: dict[str, Any] = field(
         default_factory=dict,
-        metadata={"help": "extra options of the data set, e.g. '{augment = false}'"},
+        metadata={"help": "extra options of the data set, e.g. '{augment = false}' for cifar100"},
     )
     init_from: str | None = _f(
         None,
