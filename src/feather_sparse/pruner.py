@@ -585,9 +585,10 @@ class Pruner:
             (unstructured).
 
     Raises:
-        ValueError: for invalid arguments, a model with no prunable layer, a
-            model already pruned, or weights on the meta device (not yet
-            materialised). Nothing in the model is modified then.
+        ValueError: for invalid arguments, a model with no prunable layer (or
+            only layers with no weights), a model already pruned, or weights on
+            the meta device (not yet materialised). Nothing in the model is
+            modified then.
     """
 
     def __init__(
@@ -689,6 +690,13 @@ class Pruner:
                 f"no prunable layer found in {type(model).__name__}: include={_names(include)}, "
                 f"exclude={list(exclude)}, min_params={min_params} matched no module with a "
                 "floating-point `weight`; widen `include` or relax `exclude`/`min_params`"
+            )
+        if not any(t.numel for t in targets):  # the sparsity of no weights is 0/0
+            raise ValueError(
+                f"the prunable layers of {type(model).__name__} "
+                f"({', '.join(repr(t.name) for t in targets)}) hold no weights (every one has a "
+                "dimension of size 0), so there is nothing to prune: check the model's sizes, "
+                "or widen `include`"
             )
         _warn_dense_attention(model, {t.name for t in targets})
         for t in targets:

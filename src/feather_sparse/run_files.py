@@ -168,6 +168,10 @@ def _load_checkpoint(path: str | os.PathLike[str], fix: str | None) -> dict[str,
             f"{state.get('format')!r}, not {CHECKPOINT_FORMAT!r}"
         )
     if not sealed:
+        # Unverified: a damaged version entry is refused like any other damaged entry.
+        problem = _field_problem(state, _VERSION_FIELD, "it", required=False)
+        if problem is not None:
+            raise IntegrityError(f"checkpoint {path} is damaged: {problem}{advice}")
         if int(state.get("checkpoint_version", 1)) >= SEALED_SINCE_VERSION:
             raise IntegrityError(
                 f"checkpoint {path}: its checksum is missing although its format has one "
@@ -229,6 +233,9 @@ _OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
     "init": (dict, type(None)),  # the weights the run started from (init_from)
 }
 _RNG_FIELDS = ("torch", "numpy", "python", "cuda")
+# Read before the other entries, to tell a checkpoint from before checksums (1) from
+# one whose seal was cut off (2).
+_VERSION_FIELD: dict[str, tuple[type, ...]] = {"checkpoint_version": (int,)}
 # The Pruner state's own layout (Pruner.state_dict; the Pruner checks its values).
 _PRUNER_FIELDS: dict[str, tuple[type, ...]] = {
     "step": (int,),
