@@ -165,3 +165,20 @@ def test_soft_and_hard_refuse_another_p() -> None:
     for name in ("soft", "hard"):
         with pytest.raises(ValueError, match=f"operator '{name}' fixes p.*operator='feather'"):
             PrunerConfig(sparsity=0.5, operator=name, p=3.0)
+
+
+def test_from_state_dict_keeps_check_finite_off() -> None:
+    """A run made with ``check_finite=False`` resumes with it off (the state records it;
+    states saved before it did resume with the default, on)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+    pruner = fs.Pruner(model, 0.5, total_steps=4, check_finite=False)
+    pruner.step()
+    state = pruner.state_dict()
+    assert state["config"]["check_finite"] is False
+    pruner.remove()
+    resumed = fs.Pruner.from_state_dict(model, state)
+    assert resumed.check_finite is False
+    resumed.remove()
+    del state["config"]["check_finite"]  # a state from before the field
+    assert fs.Pruner.from_state_dict(model, state).check_finite is True

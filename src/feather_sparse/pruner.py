@@ -1327,6 +1327,7 @@ class Pruner:
             "min_params": self.min_params,
             "max_layer_sparsity": self.max_layer_sparsity,
             "pattern": self.pruner_config.pattern,
+            "check_finite": self.check_finite,
             "targets": [t.name for t in self.targets],
         }
 
@@ -1451,6 +1452,7 @@ class Pruner:
             "include": cfg["targets"],
             "max_layer_sparsity": cfg["max_layer_sparsity"],
             "pattern": cfg.get("pattern"),  # absent from states saved before N:M
+            "check_finite": cfg.get("check_finite", True),  # absent before it was saved
         }
         if cfg["schedule"].get("name") == "<callable>" and "schedule" not in overrides:
             raise ValueError("this Pruner used a custom schedule callable: pass schedule=... again")
