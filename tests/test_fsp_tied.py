@@ -245,3 +245,29 @@ def test_inspect_shows_the_alias_and_counts_the_tie_once(
     assert "(format 3," in out
     assert "tensors: 3 (2 sparse, 1 tied: stored once)" in out
     assert f"sparsity of the sparse ones {achieved:.4f}" in out
+
+
+@guard(
+    "a `.fsp` whose header was edited to list one tensor twice, or to a lower format "
+    "version than its records need (an alias record in a version-1 file)",
+    "`ValueError`: the header is corrupted, naming the tensor or the versions; the later "
+    "entry loaded silently before",
+)
+@pytest.mark.parametrize("edit", ["twice", "version"])
+def test_a_header_with_a_repeated_name_or_a_too_low_version_is_refused(
+    tmp_path: Path, edit: str
+) -> None:
+    model, _ = finalized()
+    path = tmp_path / "tied.fsp"
+    fs.save_sparse(model, path)
+
+    def change(header: dict) -> None:
+        if edit == "twice":
+            header["tensors"].append(dict(header["tensors"][-1]))
+        else:
+            header["format_version"] = 1
+
+    _rewrite_header(path, change)
+    message = "listed twice" if edit == "twice" else "format version 1, but its records need"
+    with pytest.raises(ValueError, match=f"header is corrupted.*{message}"):
+        fs.inspect_sparse(path)

@@ -367,6 +367,12 @@ def _parse_header(path: str, compressed: bytes, file_bytes: int) -> SparseFileIn
     spec = header.get("model_spec")
     records = tuple(TensorRecord.from_json(rec) for rec in tensors)
     _check_aliases(path, records)
+    needed, declared = file_version(records), int(header["format_version"])
+    if needed > declared:  # a writer gives every file the version its records need
+        raise ValueError(
+            f"{path}: the header is corrupted (format version {declared}, but its records "
+            f"need version {needed})"
+        )
     return SparseFileInfo(
         path=path,
         file_bytes=file_bytes,
@@ -382,7 +388,11 @@ def _parse_header(path: str, compressed: bytes, file_bytes: int) -> SparseFileIn
 def _check_aliases(path: str, records: Sequence[TensorRecord]) -> None:
     """Raise a ``ValueError`` unless every alias names an earlier stored record like it."""
     earlier: dict[str, TensorRecord] = {}
+    names: set[str] = set()
     for r in records:
+        if r.name in names:  # a state_dict has each key once
+            raise ValueError(f"{path}: the header is corrupted (tensor {r.name!r} is listed twice)")
+        names.add(r.name)
         if r.alias_of is not None:
             target = earlier.get(r.alias_of)
             same = target is not None and (
