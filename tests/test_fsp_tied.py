@@ -271,3 +271,42 @@ def test_a_header_with_a_repeated_name_or_a_too_low_version_is_refused(
     message = "listed twice" if edit == "twice" else "format version 1, but its records need"
     with pytest.raises(ValueError, match=f"header is corrupted.*{message}"):
         fs.inspect_sparse(path)
+
+
+class _SharedBuffer(nn.Module):
+    """Two layers that share one buffer (a tied table of constants)."""
+
+    def __init__(self, num_classes: int = 3) -> None:
+        super().__init__()
+        table = torch.tensor([0.5, 0.0, 0.25])
+        self.a = nn.Module()
+        self.b = nn.Module()
+        self.a.register_buffer("table", table)
+        self.b.register_buffer("table", table)
+        self.fc = nn.Linear(3, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x * self.a.table + self.b.table)
+
+
+def test_a_shared_buffer_stays_shared_when_the_model_is_rebuilt_in_the_files_dtype(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``load_sparse(path)`` casts a float64 file's buffers once: one shared buffer
+    stays one tensor (it came back as two)."""
+    from feather_sparse.models import _registry
+
+    scratch = fs.Registry("model")
+    for name in fs.list_models():
+        scratch.register(name, _registry._MODELS.get(name))
+    monkeypatch.setattr(_registry, "_MODELS", scratch)  # the registration is dropped afterwards
+    fs.register_model("test_only_shared_buffer", input_shape=(3,), num_classes=3)(_SharedBuffer)
+    model = fs.create_model("test_only_shared_buffer")
+    model.fc.double()
+    table = model.a.table.double()  # Module.double() would untie it (torch's own _apply)
+    model.a.table = model.b.table = table
+    assert model.a.table is model.b.table
+    fs.save_sparse(model, tmp_path / "shared.fsp")
+    loaded = fs.load_sparse(tmp_path / "shared.fsp")
+    assert loaded.a.table.dtype == torch.float64 and loaded.a.table is loaded.b.table
+    assert torch.equal(loaded.a.table, model.a.table)

@@ -196,6 +196,8 @@ def test_a_table_on_the_command_line_may_be_json(capsys: pytest.CaptureFixture[s
     toml = print_config(["--model-kwargs", "{width = 8}"], capsys)
     json = print_config(["--model-kwargs", '{"width": 8}'], capsys)
     assert json == toml and "model_kwargs = {width = 8}" in toml
+    # JSON's null is the model's default, as create_model reads None (TOML has no null)
+    assert "model_kwargs = {}" in print_config(["--model-kwargs", '{"width": null}'], capsys)
     assert cli.main(["train", "--model-kwargs", "{width: 8}", "--print-config"]) == 1
     err = capsys.readouterr().err
     assert 'model_kwargs must be a table (e.g. {key = 1}, or JSON: {"key": 1})' in err

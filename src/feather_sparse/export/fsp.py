@@ -950,6 +950,7 @@ def _cast_to_file_dtypes(model: nn.Module, info: SparseFileInfo) -> None:
     the model's dtype are left alone, so a float32 model is built as before.
     """
     dtypes = {r.name: _dtype_from_name(r.dtype) for r in info.tensors}
+    cast: dict[int, Tensor] = {}  # a buffer shared by two modules is cast once, kept shared
     for module_name, module in model.named_modules():
         prefix = f"{module_name}." if module_name else ""
         for slots in (module._parameters, module._buffers):
@@ -963,4 +964,4 @@ def _cast_to_file_dtypes(model: nn.Module, info: SparseFileInfo) -> None:
                     if isinstance(tensor, nn.Parameter):
                         tensor.data = tensor.data.to(dtype)  # the same Parameter object
                     else:
-                        slots[name] = tensor.to(dtype)
+                        slots[name] = cast.setdefault(id(tensor), tensor.to(dtype))

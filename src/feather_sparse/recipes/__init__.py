@@ -528,6 +528,8 @@ def _convert(hint: Any, value: Any) -> Any:
                 value = tomllib.loads(f"v = {text}")["v"]
             except tomllib.TOMLDecodeError:
                 value = json.loads(text)  # a JSON object, as a shell user may type it
+                if isinstance(value, Mapping):  # null: the default, as create_model reads
+                    value = {k: v for k, v in value.items() if v is not None}  # it (TOML has none)
         if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
             return dict(value)
         raise ValueError(value)
