@@ -55,6 +55,7 @@ def test_there_are_mutant_modules() -> None:
         "m_keys",
         "m_fsp",
         "m_pruner",
+        "m_infer",
     }
     assert expected <= set(MODULES)
 

@@ -235,7 +235,10 @@ def to_sparse_inference(
 
     With ``example_input``, the decision is measured instead of guessed:
     each eligible layer is timed dense and sparse on the input it actually
-    receives (median of ``repeats``) and converted only if sparse is faster.
+    receives (median of ``repeats``) and converted only if sparse is faster
+    (a layer that the input does not reach stays dense).
+    That forward runs in eval mode (each module's mode is restored after), so
+    it does not update BatchNorm's running statistics.
 
     The converted layers are inference-only (no gradients to the weights).
 
@@ -299,6 +302,9 @@ def to_sparse_inference(
             )
             for name, module in candidates.items()
         ]
+        # In eval mode: a training-mode forward would update BatchNorm's running statistics.
+        modes = [(module, module.training) for module in model.modules()]
+        model.eval()
         try:
             with torch.inference_mode():
                 inputs = example_input if isinstance(example_input, tuple) else (example_input,)
@@ -306,6 +312,8 @@ def to_sparse_inference(
         finally:
             for hook in hooks:
                 hook.remove()
+            for module, training in modes:
+                module.training = training
 
     for name, module in candidates.items():
         sparse = convert(module)
