@@ -278,3 +278,18 @@ def test_a_nan_after_a_zero_is_stored() -> None:
     values, indices = encode_nm(w, "2:4")
     out = decode_nm(values, indices, w.shape, "2:4")
     assert torch.equal(out.view(torch.int32), w.view(torch.int32))
+
+
+def test_to_semi_structured_keeps_two_layers_that_share_a_weight_tied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two Linear layers holding one weight get one sparse weight, converted once (they
+    got a copy each, and the tie was gone)."""
+    w = torch.tensor([[1.0, 2.0, 0.0, 0.0] * 2] * 8)
+    model, handed = pretend_gpu_layers(monkeypatch, [w])
+    tied = nn.Linear(8, 8, bias=False, device="meta")
+    tied.weight = model[0].weight
+    model.append(tied)
+    assert fs.to_semi_structured(model) == ["0", "1"]
+    assert handed == [((8, 8), True)]  # converted once
+    assert model[0].weight is model[1].weight

@@ -278,8 +278,13 @@ def to_semi_structured(model: nn.Module) -> list[str]:
     # its GPU lacks would fail at the model's next forward.
     backends = {w.device: _semi_structured_backend(w.device) for w in (m.weight for _, m in layers)}
     converted = []
+    done: dict[int, nn.Parameter] = {}  # by the dense weight: layers sharing one stay tied
     for name, module in layers:
         w = module.weight
+        if id(w) in done:
+            module.weight = done[id(w)]
+            converted.append(name)
+            continue
         if w.shape[1] % 4 or ((group_view(w, pattern) != 0).sum(1) > 2).any():
             continue
         try:
@@ -288,6 +293,6 @@ def to_semi_structured(model: nn.Module) -> list[str]:
         except (RuntimeError, ValueError) as err:  # shapes the kernels do not support
             logger.info("to_semi_structured: %s stays dense (%s)", name, err)
             continue
-        module.weight = nn.Parameter(sparse, requires_grad=False)
+        module.weight = done[id(w)] = nn.Parameter(sparse, requires_grad=False)
         converted.append(name)
     return converted
