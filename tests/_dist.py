@@ -73,3 +73,32 @@ def recorded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return fn()
     except Exception:
         return {"error": traceback.format_exc()}
+
+
+def dcp_resume(
+    model: Any, optimizer: torch.optim.Optimizer, pruner: Any, checkpoint_id: str
+) -> None:
+    """Load a DCP checkpoint of ``{"model", "optim", "pruner"}`` into them in place.
+
+    The resume recipe of docs/distributed.md: the model's and the optimizer's
+    state dicts from ``torch.distributed.checkpoint.state_dict`` (the plain
+    model's keys), ``dcp.load`` into them, then set back, and the Pruner's own
+    state. A collective: every rank calls it.
+    """
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    state: dict[str, Any] = {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+        "pruner": pruner.state_dict(),
+    }
+    dcp.load(state, checkpoint_id=checkpoint_id)
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optim"])
+    pruner.load_state_dict(state["pruner"])

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 import feather_sparse as fs
-from _dist import launch, recorded
+from _dist import dcp_resume, launch, recorded
 from _guards import guard
 from feather_sparse import distributed
 
@@ -306,27 +306,11 @@ def _save_all(rank: int, world: int, root: str) -> dict[Any, Any]:
 # ---------------------------------------------------------------- launch 2: resume
 def _resume_one(rank: int, how: str, kind: str, root: Path) -> dict[str, Any]:
     """The recipe of docs/distributed.md, in fresh processes, on a differently initialised model."""
-    from torch.distributed import checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
     model = _net(seed=1)
     pruner = _attach(model, kind)
     trained, target = _distribute(model, how)
     opt = torch.optim.Adam(trained.parameters(), lr=0.01)
-    state = {
-        "model": get_model_state_dict(target),
-        "optim": get_optimizer_state_dict(target, opt),
-        "pruner": pruner.state_dict(),
-    }
-    dcp.load(state, checkpoint_id=str(root / f"{how}-{kind}"))
-    set_model_state_dict(target, state["model"])
-    set_optimizer_state_dict(target, opt, state["optim"])
-    pruner.load_state_dict(state["pruner"])
+    dcp_resume(target, opt, pruner, str(root / f"{how}-{kind}"))
     out: dict[str, Any] = {"step": pruner.current_step}
     out["backbone"] = pruner.state_dict()["backbone"]
     out["loaded"] = _stored(model)

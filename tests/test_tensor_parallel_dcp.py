@@ -15,6 +15,7 @@ Unstructured pruning (a moving threshold) and 2:4.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 import feather_sparse as fs
-from _dist import launch, recorded
+from _dist import dcp_resume, launch, recorded
 from _tp import INPUTS, NEEDS_GLOO, OUTPUTS, megatron, mlp, pruner_kinds
 from feather_sparse import distributed
 
@@ -60,14 +61,17 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, pruner: fs.Pruner,
         pruner.step()
 
 
-def _stored(model: nn.Module) -> dict[str, Tensor]:
-    """The parameters, whole, by the plain model's names."""
+def _by_plain_name(model: nn.Module, part: Callable[[Tensor], Tensor]) -> dict[str, Tensor]:
+    """``part`` of every parameter (a copy), by the plain model's names."""
     return {
-        name.replace("parametrizations.weight.original", "weight"): distributed.full_tensor(p)
-        .detach()
-        .clone()
+        name.replace("parametrizations.weight.original", "weight"): part(p).detach().clone()
         for name, p in model.named_parameters()
     }
+
+
+def _stored(model: nn.Module) -> dict[str, Tensor]:
+    """The parameters, whole, by the plain model's names."""
+    return _by_plain_name(model, distributed.full_tensor)
 
 
 def _save_one(kind: str, root: Path) -> dict[str, Any]:
@@ -102,24 +106,8 @@ def _save_one(kind: str, root: Path) -> dict[str, Any]:
 
 
 def _resume_one(kind: str, root: Path) -> dict[str, Any]:
-    from torch.distributed import checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
     model, pruner, opt = _build(kind, seed=1)  # differently initialised: the load must count
-    state: dict[str, Any] = {
-        "model": get_model_state_dict(model),
-        "optim": get_optimizer_state_dict(model, opt),
-        "pruner": pruner.state_dict(),
-    }
-    dcp.load(state, checkpoint_id=str(root / kind))
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, opt, state["optim"])
-    pruner.load_state_dict(state["pruner"])
+    dcp_resume(model, opt, pruner, str(root / kind))
     out: dict[str, Any] = {"loaded": _stored(model), "loaded_pruner": pruner.state_dict()}
     _train(model, opt, pruner, HALF, STEPS)
     out["final"] = _stored(model)
@@ -241,12 +229,7 @@ def _train_2d(model: nn.Module, opt: torch.optim.Optimizer, pruner: fs.Pruner,
 
 def _shards(model: nn.Module) -> dict[str, Tensor]:
     """This rank's part of every parameter, by the plain model's names."""
-    return {
-        name.replace("parametrizations.weight.original", "weight"): distributed.to_local(p)
-        .detach()
-        .clone()
-        for name, p in model.named_parameters()
-    }
+    return _by_plain_name(model, distributed.to_local)
 
 
 def _full_state_loads(kind: str, shape: tuple[int, int], full: dict[str, Tensor]) -> dict[str, Any]:
@@ -317,24 +300,8 @@ def _save_one_2d(kind: str, shape: tuple[int, int], root: Path) -> dict[str, Any
 
 
 def _resume_one_2d(kind: str, shape: tuple[int, int], root: Path) -> dict[str, Any]:
-    from torch.distributed import checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
     model, pruner, opt = _build_2d(kind, shape, seed=1)  # differently initialised
-    state: dict[str, Any] = {
-        "model": get_model_state_dict(model),
-        "optim": get_optimizer_state_dict(model, opt),
-        "pruner": pruner.state_dict(),
-    }
-    dcp.load(state, checkpoint_id=str(root / f"2d-{shape[0]}x{shape[1]}-{kind}"))
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, opt, state["optim"])
-    pruner.load_state_dict(state["pruner"])
+    dcp_resume(model, opt, pruner, str(root / f"2d-{shape[0]}x{shape[1]}-{kind}"))
     out: dict[str, Any] = {"loaded": _stored(model), "loaded_pruner": pruner.state_dict()}
     _train_2d(model, opt, pruner, HALF, STEPS)
     out["final"] = _stored(model)

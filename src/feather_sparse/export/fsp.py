@@ -399,10 +399,9 @@ def _storage_key(tensor: Tensor) -> tuple[Any, ...] | None:
     Two entries are stored once when they view the same memory the same way:
     the same storage, offset, shape, strides, dtype and device, and the same
     conjugate and negative bits (``z.conj()`` reads ``z``'s memory as other
-    values). Overlapping
-    views that differ (a slice of another entry) are stored each on its own;
-    so are empty tensors and tensor subclasses (a ``DTensor``'s storage is
-    its shard's).
+    values). Overlapping views that differ (a slice of another entry) are
+    stored each on its own; so are empty tensors and tensor subclasses (a
+    ``DTensor``'s storage is its shard's).
     """
     if type(tensor) not in (Tensor, nn.Parameter) or tensor.numel() == 0:
         return None
@@ -964,4 +963,6 @@ def _cast_to_file_dtypes(model: nn.Module, info: SparseFileInfo) -> None:
                     if isinstance(tensor, nn.Parameter):
                         tensor.data = tensor.data.to(dtype)  # the same Parameter object
                     else:
-                        slots[name] = cast.setdefault(id(tensor), tensor.to(dtype))
+                        if id(tensor) not in cast:
+                            cast[id(tensor)] = tensor.to(dtype)
+                        slots[name] = cast[id(tensor)]

@@ -477,14 +477,14 @@ def format_info(info: SparseFileInfo) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     bound = info.entropy_bound_bytes
-    aliases = len(info.tensors) != len(info.stored)
+    tied = len(info.tensors) - len(info.stored)
     lines += [
         "",
         f"file: {info.path}  (format {info.format_version}, written by feather-sparse "
         f"{info.library_version}, values {info.values})",
         f"model: {_describe_spec(info.model_spec)}",
         f"tensors: {len(info.tensors)} ({sum(r.is_sparse for r in info.tensors)} sparse"
-        + (f", {len(info.tensors) - len(info.stored)} tied: stored once" if aliases else "")
+        + (f", {tied} tied: stored once" if tied else "")
         + f"), sparsity of the sparse ones {info.sparsity:.4f}",
         f"size: {human_bytes(info.file_bytes)} vs {human_bytes(info.dense_bytes)} dense "
         f"({smaller_or_larger(info.dense_bytes, info.file_bytes)}), "

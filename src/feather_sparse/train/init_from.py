@@ -19,11 +19,9 @@ from typing import Any
 from torch import nn
 
 from feather_sparse.export.fsp import inspect_sparse, load_sparse
+from feather_sparse.run_files import MODEL_NAME
 
 __all__ = ["load_init", "resolve_init"]
-
-#: The file a finished run folder keeps its model in.
-_RUN_MODEL = "model.fsp"
 
 
 def resolve_init(source: str) -> Path:
@@ -40,10 +38,10 @@ def resolve_init(source: str) -> Path:
     """
     path = Path(source).expanduser()
     if path.is_dir():
-        model = path / _RUN_MODEL
+        model = path / MODEL_NAME
         if not model.is_file():
             raise FileNotFoundError(
-                f"init_from: {path} is a folder without a {_RUN_MODEL} (a run that has not "
+                f"init_from: {path} is a folder without a {MODEL_NAME} (a run that has not "
                 f"finished, or not a run folder); export the model of its last checkpoint "
                 f"first (feather-sparse export {path} -o {path / 'start.fsp'}) and give that file"
             )
