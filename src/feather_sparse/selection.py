@@ -54,7 +54,7 @@ Vleeschouwer 2023).
 On a GPU, one process instead sorts one buffer of all the magnitudes
 (:data:`SORT_DEVICES`, up to :data:`SORT_MAX_BYTES`): bucket narrowing waits
 for the device once per chunk, and on an NVIDIA H200 it was ten times slower
-than a sort (one sort there is 4–8× faster; ``docs/benchmarks.md``). Both
+than a sort (one sort there is 4–10× faster; ``docs/benchmarks.md``). Both
 paths give the same value to the bit.
 
 Ties: ``T`` is the k-th smallest magnitude *value*. When several weights share
