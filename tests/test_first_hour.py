@@ -45,6 +45,42 @@ def test_attention_warning_reads_for_one_module(caplog: pytest.LogCaptureFixture
     )
 
 
+class _Tagger(nn.Module):
+    """An LSTM tagger: its recurrent weights are 8 of every 9 weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(16, 32, num_layers=2, batch_first=True)
+        self.head = nn.Linear(32, 5)
+
+
+def test_recurrent_weights_left_dense_are_named(caplog: pytest.LogCaptureFixture) -> None:
+    # An LSTM's weight_ih_l*/weight_hh_l* are no layer's `weight`: sparsity=0.9 pruned
+    # the 160 weights of the head alone and said nothing of the 14,336 left dense
+    # (4 gates × 32 × (16 + 32) + 4 × 32 × (32 + 32)).
+    caplog.set_level(logging.WARNING, logger="feather_sparse")
+    fs.Pruner(_Tagger(), sparsity=0.9, total_steps=10)
+    assert (
+        "1 recurrent module (nn.LSTM 'lstm') keeps 14,336 weights dense: they are "
+        "weight_ih_l*/weight_hh_l* parameters" in caplog.text
+    )
+    assert "exclude=['lstm'] silences this" in caplog.text
+    caplog.clear()
+    fs.Pruner(_Tagger(), sparsity=0.9, total_steps=10, exclude=["lstm"])
+    assert "recurrent" not in caplog.text
+
+
+def test_recurrent_model_alone_says_why_nothing_is_prunable() -> None:
+    # "widen `include`" alone sent the user looking for a type to add: none selects them.
+    # GRU(8, 8): 3 gates × 8 × (8 + 8) = 384 weights.
+    with pytest.raises(
+        ValueError,
+        match=r"no prunable layer found in GRU.*1 recurrent module "
+        r"\(nn\.GRU '\(the model\)'\) keeps 384 weights dense",
+    ):
+        fs.Pruner(nn.GRU(8, 8), sparsity=0.5, total_steps=10)
+
+
 def test_save_sparse_names_the_bound_it_compares_to(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

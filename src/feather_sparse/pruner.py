@@ -368,6 +368,35 @@ def _warn_dense_attention(model: nn.Module, pruned: set[str]) -> None:
         )
 
 
+def _recurrent_weights(model: nn.Module, exclude: Sequence[str]) -> list[tuple[str, str, int]]:
+    """``(name, class, weights)`` of each recurrent module (``nn.RNN``/``LSTM``/``GRU``) not
+    excluded: they hold their weights as ``weight_ih_l0``, ``weight_hh_l0``, …, not as a
+    layer's ``weight``, so no ``include`` selects them and they stay dense."""
+    found = []
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.RNNBase) or _matches(name, exclude, children=True):
+            continue
+        n = sum(
+            p.numel()
+            for k, p in m.named_parameters(recurse=False)
+            if k.startswith("weight_") and p.is_floating_point()
+        )
+        if n:
+            found.append((name, type(m).__name__, n))
+    return found
+
+
+def _recurrent_note(found: list[tuple[str, str, int]]) -> str:
+    """How :func:`_recurrent_weights`' modules read in a message."""
+    shown = ", ".join(f"nn.{cls} {name or '(the model)'!r}" for name, cls, _ in found[:3])
+    return (
+        f"{count(len(found), 'recurrent module')} ({shown}{', ...' if len(found) > 3 else ''}) "
+        f"keep{'s' if len(found) == 1 else ''} {sum(n for *_, n in found):,} weights dense: "
+        "they are weight_ih_l*/weight_hh_l* parameters, not a layer's `weight`, and "
+        "feather-sparse prunes only a layer's `weight`"
+    )
+
+
 def _find_targets(
     model: nn.Module,
     include: Sequence[type[nn.Module] | str],
@@ -685,11 +714,13 @@ class Pruner:
         self.backbone = config.make_backbone()
         self.schedule = config.make_schedule()
         targets = _find_targets(model, include, exclude, min_params)
+        recurrent = _recurrent_weights(model, exclude)
         if not targets:
+            note = f" ({_recurrent_note(recurrent)})" if recurrent else ""
             raise ValueError(
                 f"no prunable layer found in {type(model).__name__}: include={_names(include)}, "
                 f"exclude={list(exclude)}, min_params={min_params} matched no module with a "
-                "floating-point `weight`; widen `include` or relax `exclude`/`min_params`"
+                f"floating-point `weight`{note}; widen `include` or relax `exclude`/`min_params`"
             )
         if not any(t.numel for t in targets):  # the sparsity of no weights is 0/0
             raise ValueError(
@@ -699,6 +730,12 @@ class Pruner:
                 "or widen `include`"
             )
         _warn_dense_attention(model, {t.name for t in targets})
+        if recurrent:  # the sparsity asked for applies to the other layers alone
+            logger.warning(
+                "%s; the sparsity applies to the other layers (exclude=%r silences this)",
+                _recurrent_note(recurrent),
+                [name for name, *_ in recurrent if name],
+            )
         for t in targets:
             if parametrize.is_parametrized(t.module, "weight"):
                 _refuse_copy_of_attached(t.name, t.module)
