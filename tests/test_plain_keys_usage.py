@@ -11,7 +11,6 @@ import collections
 import copy
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -363,16 +362,3 @@ def test_a_model_on_the_meta_device_is_refused_with_the_order_that_works() -> No
     model.load_state_dict(make().state_dict())
     fs.Pruner(model, 0.5, 10)
     assert list(model.state_dict()) == list(make().state_dict())
-
-
-def test_pickling_the_whole_attached_model_is_refused_as_the_export_guide_says(
-    tmp_path: Path,
-) -> None:
-    model = make()
-    fs.Pruner(model, 0.5, 10)
-    path = tmp_path / "model.pt"
-    torch.save({"step": 1}, path)
-    with pytest.raises(RuntimeError, match="only supported through state_dict"):
-        torch.save(model, path)
-    with pytest.raises(Exception):  # noqa: B017  torch truncated it: what the guide warns of
-        torch.load(path, weights_only=True)

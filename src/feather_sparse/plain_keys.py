@@ -39,13 +39,18 @@ in its ``parametrizations`` child (:class:`_WeightInParametrizations`).
 
 from __future__ import annotations
 
+import copyreg
 import functools
+import logging
 import re
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, Protocol
 
+import torch
 from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from feather_sparse import distributed
 
@@ -291,6 +296,124 @@ class _AttributeHandle:
             self.module.__dict__[self.name] = self.replaced
 
 
+logger = logging.getLogger(__name__)
+
+#: Set once the pickling warning was logged: it is logged once per process.
+_PICKLE_WARNED = False
+
+
+def _ours(hook: Any) -> bool:
+    """Whether a ``state_dict``/``load_state_dict`` hook is one :func:`install` added."""
+    hook = getattr(hook, "hook", hook)  # torch wraps load pre-hooks in a _WrappedHook
+    if isinstance(hook, functools.partial):
+        return hook.func is _save_hook
+    return isinstance(getattr(hook, "__self__", None), _PlainLoad)
+
+
+class _Computed:
+    """Pickles as ``P_T(w)`` computed at pickling time, from any layer holding the weight.
+
+    One object per stored weight (:data:`_COMPUTED`), so ``pickle`` memoizes it and
+    the layers that share a weight (tied) share one tensor in the pickle too; the
+    value is computed anew each time the object is pickled, never cached.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module: Callable[[], Any] = weakref.ref(module)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        module = self.module()
+        if module is None:  # pragma: no cover - the layer pickling us holds the weight
+            raise RuntimeError("the layer of a pruned weight was freed while pickling it")
+        layer: Any = module
+        original = layer.parametrizations.weight.original
+        with torch.no_grad():
+            value = layer.weight.detach().clone()  # a tensor of its own: the forward's value
+        if isinstance(original, nn.Parameter):
+            value = nn.Parameter(value, requires_grad=original.requires_grad)
+        return value.__reduce_ex__(protocol)
+
+
+#: The :class:`_Computed` of each parametrized weight, by its stored dense weight
+#: (by identity: a tensor's ``==`` is elementwise).
+_COMPUTED: Any = WeakIdKeyDictionary()
+
+
+class _PickleAsPlain:
+    """The ``__reduce_ex__`` installed on a parametrized layer (the one ``pickle`` finds).
+
+    ``torch.nn.utils.parametrize`` refuses to pickle a parametrized module, and
+    ``torch.save(model, path)`` meets that refusal only after it has emptied the
+    file at ``path``: an earlier checkpoint under that name was lost. A layer
+    the Pruner parametrizes therefore pickles as the plain layer (its own
+    class, no parametrization, none of :func:`install`'s hooks) holding as
+    its ``weight`` what the forward computes now, ``P_T(w)`` at the thresholds
+    in use — what :func:`~feather_sparse.save_sparse` writes for an attached
+    Pruner. Unpickling needs nothing from feather-sparse. ``copy.copy`` and
+    ``copy.deepcopy`` look methods up on the class and are not affected.
+    Other parametrizations on the layer keep torch's refusal.
+    """
+
+    def __init__(self, module: Any, names: Sequence[str]) -> None:
+        # A strong reference (a cycle through the module's __dict__): copy.deepcopy
+        # of the model then gives the copy's layer a _PickleAsPlain of the copy.
+        self.module = module
+        self.names = list(names)
+
+    def __call__(self, protocol: Any) -> Any:
+        module: Any = self.module
+        plists: Any = module._modules.get("parametrizations")
+        if plists is None or list(plists.keys()) != ["weight"]:
+            return object.__reduce_ex__(module, protocol)  # torch's refusal
+        global _PICKLE_WARNED
+        if not _PICKLE_WARNED:
+            _PICKLE_WARNED = True
+            logger.warning(
+                "pickling (torch.save(model, ...)) a model with a Pruner attached: each "
+                "pruned layer is stored as the plain layer holding what its forward computes "
+                "now, P_T(w) at the current thresholds, without the Pruner; to resume training "
+                "save model.state_dict() and pruner.state_dict(), and finalize() first for "
+                "the target sparsity"
+            )
+        original: Tensor = plists.weight.original
+        computed = _COMPUTED.get(original)
+        if computed is None or computed.module() is None:
+            computed = _COMPUTED[original] = _Computed(module)
+        state = dict(module.__dict__)
+        del state["__reduce_ex__"]
+        fqn = state.get(FQN_MODIFIERS)
+        if isinstance(fqn, _FqnModifiers):
+            if fqn.previous is None:
+                del state[FQN_MODIFIERS]
+            else:
+                state[FQN_MODIFIERS] = fqn.previous
+        state["_modules"] = type(module._modules)(
+            (k, v) for k, v in module._modules.items() if k != "parametrizations"
+        )
+        where = "_parameters" if isinstance(original, nn.Parameter) else "_buffers"
+        entries: dict[str, Any] = {}
+        for name in self.names:  # the plain layer's order
+            if name == "weight" and where == "_parameters":
+                entries[name] = computed
+            elif name in module._parameters:
+                entries[name] = module._parameters[name]
+        entries.update(module._parameters)  # any added since
+        state["_parameters"] = type(module._parameters)(entries)
+        if where == "_buffers":
+            state["_buffers"] = {**module._buffers, "weight": computed}
+        for hooks in (
+            "_state_dict_hooks",
+            "_load_state_dict_pre_hooks",
+            "_load_state_dict_post_hooks",
+        ):
+            state[hooks] = type(state[hooks])(
+                (k, h) for k, h in state[hooks].items() if not _ours(h)
+            )
+        plain = type(module).__bases__[0]  # parametrize derives its class from the layer's
+        # object.__new__(plain), then nn.Module.__setstate__(state): no feather-sparse name
+        return copyreg._reconstructor, (plain, object, None), state  # type: ignore[attr-defined]
+
+
 def install(modules: Sequence[tuple[nn.Module, Sequence[str]]]) -> list[Removable]:
     """Give each parametrized module plain ``weight`` keys in ``state_dict`` and loading.
 
@@ -323,4 +446,5 @@ def install(modules: Sequence[tuple[nn.Module, Sequence[str]]]) -> list[Removabl
         handles.append(module.register_load_state_dict_post_hook(load.post))
         previous = getattr(module, FQN_MODIFIERS, None)
         handles.append(_AttributeHandle(module, FQN_MODIFIERS, _FqnModifiers(previous)))
+        handles.append(_AttributeHandle(module, "__reduce_ex__", _PickleAsPlain(module, names)))
     return handles
