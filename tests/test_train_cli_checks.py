@@ -151,7 +151,7 @@ REFUSED_CONFIGS = [
     (
         ["--model-kwargs", "{widht = 8}"],
         "model_kwargs: model 'mnist1d_cnn' does not accept these arguments (got an "
-        "unexpected keyword argument 'widht'); it accepts: num_classes, width",
+        "unexpected keyword argument 'widht'); it accepts: width",
     ),
     (
         ["--data-options", "{train_sise = 8}"],

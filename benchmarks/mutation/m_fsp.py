@@ -65,14 +65,14 @@ MUTATIONS = [
     dict(
         id="fsp09",
         desc="read: the safetensors metadata not compared with the header",
-        old="            if outer != _container_metadata(info.library_version, info.format_version):",
-        new="            if False:",
+        old="    if outer != _container_metadata(info.library_version, info.format_version):",
+        new="    if False:",
     ),
     dict(
         id="fsp10",
         desc="read: the metadata's library version not compared (format fields only)",
-        old="            if outer != _container_metadata(info.library_version, info.format_version):",
-        new="            if {k: v for k, v in outer.items() if k != 'library_version'} != {k: v for k, v in _container_metadata(info.library_version, info.format_version).items() if k != 'library_version'}:",
+        old="    if outer != _container_metadata(info.library_version, info.format_version):",
+        new="    if {k: v for k, v in outer.items() if k != 'library_version'} != {k: v for k, v in _container_metadata(info.library_version, info.format_version).items() if k != 'library_version'}:",
     ),
     dict(
         id="fsp11",
@@ -83,7 +83,7 @@ MUTATIONS = [
     dict(
         id="fsp12",
         desc="read: the safetensors metadata's format not checked first",
-        old="            _check_format(str(p), outer)\n",
+        old="    _check_format(str(p), outer)\n",
         new="",
     ),
     dict(

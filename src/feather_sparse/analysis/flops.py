@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from feather_sparse._modes import evaluating
+
 __all__ = [
     "FLOP_LAYERS",
     "FlopsReport",
@@ -181,8 +183,8 @@ def count_flops(
 ) -> FlopsReport:
     """Dense and sparse cost of ``model`` per input sample, per layer and in total.
 
-    Runs one forward pass (in eval mode, without gradients; the mode is
-    restored) with hooks on every convolution and linear layer. Each layer's
+    Runs one forward pass (in eval mode, without gradients; every module's
+    own mode is restored) with hooks on every convolution and linear layer. Each layer's
     density is that of the weight its forward uses, so the count is right both
     during training (a Pruner attached: ``P_T(w)``) and after ``finalize``.
 
@@ -228,15 +230,12 @@ def count_flops(
             f"{type(model).__name__} has no convolution or linear layer to count FLOPs of"
         )
     handles = [m.register_forward_hook(hook) for m in layers]
-    was_training = model.training
     try:
-        model.eval()
-        with torch.no_grad():
+        with evaluating(model), torch.no_grad():
             model(x)
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
 
     rows = []
     with torch.no_grad():
@@ -270,7 +269,8 @@ def reference_flops(
     (= 2 × MACs; the counter ignores weight sparsity and bias additions).
 
     Args:
-        model: the model to run (in eval mode, without gradients; its mode is restored).
+        model: the model to run (in eval mode, without gradients; every module's own
+            mode is restored).
         input_shape: one sample's shape without the batch dimension; a batch of one
             zero input is run.
         example: instead of ``input_shape``, a batch of real inputs (the count is
@@ -279,12 +279,7 @@ def reference_flops(
     from torch.utils.flop_counter import FlopCounterMode
 
     x, _ = _example_input(model, input_shape, example)
-    was_training = model.training
     counter = FlopCounterMode(display=False)
-    try:
-        model.eval()
-        with torch.no_grad(), counter:
-            model(x)
-    finally:
-        model.train(was_training)
+    with evaluating(model), torch.no_grad(), counter:
+        model(x)
     return counter.get_total_flops() // x.shape[0]

@@ -99,7 +99,7 @@ import logging
 import os
 import sys
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -618,11 +618,25 @@ def save_sparse(
 # ---------------------------------------------------------------------------
 
 
-def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo, bytes]:
-    """The file's description and (when asked) its data bytes, with clear errors."""
+def _read(
+    path: str | os.PathLike[str], with_data: bool, content: bytes | None = None
+) -> tuple[SparseFileInfo, bytes]:
+    """The file's description and (when asked) its data bytes, with clear errors.
+
+    ``content``, when given, is the file's bytes, read already: they are parsed
+    with the same checks, and the file is not opened again (so that a caller
+    that hashes them records the hash of exactly what was loaded).
+    """
     safetensors = _safetensors("safetensors")
     safe_open, SafetensorError = safetensors.safe_open, safetensors.SafetensorError
     p = Path(path)
+    if content is not None:
+        try:
+            return _parse_container(p, with_data, *_entries_of(safetensors, content))
+        except SafetensorError as err:
+            raise ValueError(
+                f"{p} is not a readable feather-sparse checkpoint (truncated or corrupted?): {err}"
+            ) from None
     if p.is_dir():
         raise IsADirectoryError(
             errno.EISDIR,
@@ -646,24 +660,65 @@ def _read(path: str | os.PathLike[str], with_data: bool) -> tuple[SparseFileInfo
         )
     try:
         with safe_open(str(p), framework="pt", device="cpu") as f:
-            outer = f.metadata() or {}
-            _check_format(str(p), outer)
-            keys = set(f.keys())
-            if not {HEADER_KEY, DATA_KEY} <= keys:
-                raise ValueError(f"{p}: the file is corrupted (entries {sorted(keys)})")
-            info = _parse_header(str(p), _raw_bytes(f.get_tensor(HEADER_KEY)), p.stat().st_size)
-            # The safetensors metadata has no checksum of its own: it must repeat
-            # the checksummed header exactly, or a damaged byte there goes unseen.
-            if outer != _container_metadata(info.library_version, info.format_version):
-                raise ValueError(
-                    f"{p}: the file is corrupted (its safetensors metadata {outer} does not "
-                    "match its header)"
-                )
-            data = _raw_bytes(f.get_tensor(DATA_KEY)) if with_data else b""
+            return _parse_container(
+                p,
+                with_data,
+                f.metadata() or {},
+                set(f.keys()),
+                lambda key: _raw_bytes(f.get_tensor(key)),
+                p.stat().st_size,
+            )
     except SafetensorError as err:
         raise ValueError(
             f"{p} is not a readable feather-sparse checkpoint (truncated or corrupted?): {err}"
         ) from None
+
+
+def _entries_of(
+    safetensors: Any, content: bytes
+) -> tuple[dict[str, str], set[str], Callable[[str], bytes], int]:
+    """What :func:`_parse_container` reads, from a whole file's bytes in memory.
+
+    ``safetensors.deserialize`` checks the container as ``safe_open`` does
+    (the same reader) and raises its ``SafetensorError`` for a damaged one;
+    the ``__metadata__`` is then read from the JSON header it accepted.
+    """
+    entries = {name: bytes(entry["data"]) for name, entry in safetensors.deserialize(content)}
+    length = int.from_bytes(content[:8], "little")
+    outer = json.loads(content[8 : 8 + length]).get("__metadata__") or {}
+    return outer, set(entries), entries.__getitem__, len(content)
+
+
+def _parse_container(
+    p: Path,
+    with_data: bool,
+    outer: dict[str, str],
+    keys: set[str],
+    blob: Callable[[str], bytes],
+    size: int,
+) -> tuple[SparseFileInfo, bytes]:
+    """The checks of a ``.fsp``'s container: its metadata, entries, header and data size.
+
+    Args:
+        p: the file, for the messages.
+        with_data: read the data bytes too.
+        outer: the safetensors ``__metadata__``.
+        keys: the names of the safetensors entries.
+        blob: the bytes of an entry, by name.
+        size: the file's size in bytes.
+    """
+    _check_format(str(p), outer)
+    if not {HEADER_KEY, DATA_KEY} <= keys:
+        raise ValueError(f"{p}: the file is corrupted (entries {sorted(keys)})")
+    info = _parse_header(str(p), blob(HEADER_KEY), size)
+    # The safetensors metadata has no checksum of its own: it must repeat
+    # the checksummed header exactly, or a damaged byte there goes unseen.
+    if outer != _container_metadata(info.library_version, info.format_version):
+        raise ValueError(
+            f"{p}: the file is corrupted (its safetensors metadata {outer} does not "
+            "match its header)"
+        )
+    data = blob(DATA_KEY) if with_data else b""
     if with_data and len(data) != sum(r.stored_bytes for r in info.tensors):
         raise ValueError(f"{p}: the file is corrupted (data size does not match the header)")
     return info, data
@@ -860,6 +915,13 @@ def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) ->
             built when ``model`` is ``None``), or ``model=None`` with a file
             that has no model spec, or whose spec does not build its tensors.
     """
+    return _load_sparse(path, model)
+
+
+def _load_sparse(
+    path: str | os.PathLike[str], model: nn.Module | None, content: bytes | None = None
+) -> nn.Module:
+    """:func:`load_sparse`; from ``content``, the file's bytes read already, when given."""
     _check_byte_order()
     if model is not None and not isinstance(model, nn.Module):
         hint = (
@@ -871,7 +933,7 @@ def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) ->
             "model must be the nn.Module to load into, or None to rebuild the model from the "
             f"file's model spec; got {type(model).__name__}{hint}"
         )
-    info, data = _read(path, with_data=True)
+    info, data = _read(path, with_data=True, content=content)
     info = _without_compile_prefix(info)
     if model is None:
         model = _model_from_spec(info)

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from feather_sparse._modes import evaluating
+
 __all__ = ["SparseLinear", "SparsePointwiseConv", "to_sparse_inference"]
 
 logger = logging.getLogger(__name__)
@@ -303,17 +305,13 @@ def to_sparse_inference(
             for name, module in candidates.items()
         ]
         # In eval mode: a training-mode forward would update BatchNorm's running statistics.
-        modes = [(module, module.training) for module in model.modules()]
-        model.eval()
         try:
-            with torch.inference_mode():
+            with evaluating(model), torch.inference_mode():
                 inputs = example_input if isinstance(example_input, tuple) else (example_input,)
                 model(*inputs)
         finally:
             for hook in hooks:
                 hook.remove()
-            for module, training in modes:
-                module.training = training
 
     for name, module in candidates.items():
         sparse = convert(module)

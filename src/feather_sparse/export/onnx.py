@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from feather_sparse._modes import evaluating
 from feather_sparse.export.files import ONNX_DATA, check_writable
 from feather_sparse.export.fsp import _attached_message, _pruned_weights, _zero_fraction
 from feather_sparse.integrity import (
@@ -138,7 +139,8 @@ def check_example_input(model: nn.Module, example_input: Tensor) -> None:
 
     The first check of :func:`export_onnx`, so that a wrong input shape fails
     in one line rather than deep in the exporter (and, from the command line,
-    before any file is written). The model's train/eval mode is restored.
+    before any file is written). Every module's own train/eval mode is restored,
+    also when the model fails.
 
     Args:
         model: the model to export.
@@ -149,10 +151,8 @@ def check_example_input(model: nn.Module, example_input: Tensor) -> None:
         ValueError: if the model does not run on it, naming its shape.
     """
     _check_is_tensor(example_input)
-    was_training = model.training
-    model.eval()
     try:
-        with torch.inference_mode():
+        with evaluating(model), torch.inference_mode():
             model(example_input)
     except (RuntimeError, ValueError, IndexError, TypeError) as err:
         raise ValueError(
@@ -160,8 +160,6 @@ def check_example_input(model: nn.Module, example_input: Tensor) -> None:
             f"and dtype {str(example_input.dtype).removeprefix('torch.')} ({first_line(err)}); "
             "give the shape of one sample the model takes"
         ) from None
-    finally:
-        model.train(was_training)
 
 
 # Above this many bytes of weights, torch's torch.export-based exporter saves
@@ -329,7 +327,8 @@ def export_onnx(
     first (that needs ``onnxscript``: the legacy exporter cannot write it).
 
     Args:
-        model: the model (put in eval mode for the export).
+        model: the model (in eval mode for the export; every module's own mode is
+            restored after it).
         path: the ``.onnx`` file to write.
         example_input: an input batch with a batch size of at least 2 (the
             batch dimension is exported as dynamic).
@@ -376,12 +375,10 @@ def export_onnx(
             _zero_fraction([p for n, p in model.named_parameters() if n in pruned]),
         )
     target.parent.mkdir(parents=True, exist_ok=True)
-    was_training = model.training
-    model.eval()
     program: Any = None
     data: bytes | None = None
     try:
-        with warnings.catch_warnings():
+        with evaluating(model), warnings.catch_warnings():
             # Noise from torch's own exporter internals (torch 2.13), not actionable here.
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             if exporter == "legacy":  # the fallback is deprecated in torch; we know
@@ -411,8 +408,6 @@ def export_onnx(
             "remove_parametrizations, leave_parametrized=True), which leaves plain weights "
             "that export as a dense graph"
         ) from err
-    finally:
-        model.train(was_training)
     large = program is not None and _initializer_bytes(program) > _large_model_bytes()
     if large:
         written = int(program.model.opset_imports.get("", opset))
@@ -471,7 +466,8 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) 
     """Run the ONNX file in ``onnxruntime`` and compare with the PyTorch model.
 
     Args:
-        model: the PyTorch model the file was exported from.
+        model: the PyTorch model the file was exported from (run in eval mode; every
+            module's own mode is restored after it).
         path: the ONNX file.
         inputs: the input tensor to run both on.
 
@@ -494,13 +490,8 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) 
         onnx_out = torch.from_numpy(session.run(None, feed)[0])
     except Exception as err:  # onnxruntime's errors derive from Exception alone
         raise ValueError(f"onnxruntime cannot run {path} ({first_line(err)[:300]})") from err
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            torch_out = model(inputs).detach().cpu()
-    finally:
-        model.train(was_training)
+    with evaluating(model), torch.inference_mode():
+        torch_out = model(inputs).detach().cpu()
     if onnx_out.shape != torch_out.shape:
         raise ValueError(f"ONNX output shape {tuple(onnx_out.shape)} != {tuple(torch_out.shape)}")
     return float((onnx_out.float() - torch_out.float()).abs().max()) if onnx_out.numel() else 0.0

@@ -132,20 +132,27 @@ def model_info(name: str) -> ModelInfo:
 
 
 def _bind(
-    entry: _Entry, signature: inspect.Signature, args: dict[str, Any]
+    entry: _Entry,
+    signature: inspect.Signature,
+    args: dict[str, Any],
+    unlisted: frozenset[str] = frozenset(),
 ) -> inspect.BoundArguments:
-    """``args`` bound to the factory's parameters, or a ``ValueError`` listing the accepted ones."""
+    """``args`` bound to the factory's parameters, or a ``ValueError`` listing the accepted ones.
+
+    ``unlisted`` names parameters the caller sets apart (``num_classes``), left
+    out of the list so that it holds only what the user can give there.
+    """
     try:
         return signature.bind(**args)
     except TypeError as err:
         accepted = [
             p.name
             for p in signature.parameters.values()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in unlisted
         ]
+        takes = f"it accepts: {', '.join(accepted)}" if accepted else "it takes no options"
         raise ValueError(
-            f"model {entry.info.name!r} does not accept these arguments ({err}); "
-            f"it accepts: {', '.join(accepted)}"
+            f"model {entry.info.name!r} does not accept these arguments ({err}); {takes}"
         ) from None
 
 
@@ -161,7 +168,9 @@ def check_model_kwargs(name: str, **kwargs: Any) -> None:
 
     Raises:
         ValueError: for an unknown name, or an argument the factory does not
-            take (listing those it does).
+            take (listing the model-specific options it does take, without
+            ``num_classes``, which ``create_model`` sets apart and a training
+            config takes from the data set).
 
     Example:
         >>> check_model_kwargs("resnet20", width=16)
@@ -169,7 +178,7 @@ def check_model_kwargs(name: str, **kwargs: Any) -> None:
     entry = _entry(name)
     args = {k: v for k, v in kwargs.items() if v is not None}
     args.setdefault("num_classes", entry.info.num_classes)
-    _bind(entry, inspect.signature(entry.factory), args)
+    _bind(entry, inspect.signature(entry.factory), args, unlisted=frozenset({"num_classes"}))
 
 
 def create_model(name: str, num_classes: int | None = None, **kwargs: Any) -> nn.Module:

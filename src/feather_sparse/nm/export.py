@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from feather_sparse._text import count
 from feather_sparse.nm.operator import NMPattern, group_view
 
 if TYPE_CHECKING:
@@ -98,6 +99,33 @@ def encode_nm(weight: Tensor, pattern: NMPattern | str) -> tuple[Tensor, Tensor]
     return values.clone(), _pack_bits(positions, pattern.index_bits)
 
 
+def _check_nm_shape(shape: tuple[int, ...] | torch.Size, pattern: NMPattern) -> None:
+    """Raise unless a weight of ``shape`` splits into whole N:M groups, as :func:`encode_nm` needs.
+
+    A group is ``m`` consecutive weights of one row (``weight.reshape(out, -1)``,
+    see :func:`~feather_sparse.nm.group_view`), so the row length, the product
+    of the dimensions after the first, must be a multiple of ``m``. A shape
+    whose total size alone is a multiple of ``m`` (``(6, 2)`` for 2:4) would
+    decode with groups running across rows: wrong weights, with no error.
+
+    Args:
+        shape: the weight's shape.
+        pattern: the N:M pattern.
+
+    Raises:
+        ValueError: naming the shape, its row length and ``m``.
+    """
+    dims: tuple[int, ...] = tuple(int(d) for d in shape)
+    row, numel = math.prod(dims[1:]), math.prod(dims)
+    if len(dims) < 1 or (numel > 0 and row % pattern.m):
+        rows = f"its rows hold {count(row, 'weight')}" if len(dims) > 1 else "it has no rows"
+        raise ValueError(
+            f"a weight of shape {dims} does not split into groups of {pattern.m} ({pattern}): "
+            f"{rows} (the product of the dimensions after the first must be a multiple of "
+            f"{pattern.m}); give the shape of the weight that encode_nm encoded"
+        )
+
+
 def decode_nm(
     values: Tensor, indices: Tensor, shape: tuple[int, ...] | torch.Size, pattern: NMPattern | str
 ) -> Tensor:
@@ -110,9 +138,10 @@ def decode_nm(
         pattern: the N:M pattern it was encoded with.
 
     Raises:
-        ValueError: if the sizes do not fit ``shape`` and ``pattern``, or the
-            indices are not what :func:`encode_nm` writes: ``n`` positions per
-            group, each below ``m``, in increasing order (so none twice).
+        ValueError: if the rows of ``shape`` (``shape[1:]``) are not whole
+            groups of ``m``, the sizes do not fit ``shape`` and ``pattern``, or
+            the indices are not what :func:`encode_nm` writes: ``n`` positions
+            per group, each below ``m``, in increasing order (so none twice).
     """
     pattern = NMPattern.parse(pattern)
     numel = math.prod(shape)
@@ -122,6 +151,7 @@ def decode_nm(
             f"values of shape {tuple(values.shape)} do not fit a {pattern} weight of shape "
             f"{tuple(shape)} (expected ({groups}, {pattern.n}))"
         )
+    _check_nm_shape(shape, pattern)  # the right size, but are the rows whole groups?
     if indices.numel() * 8 < groups * pattern.n * pattern.index_bits:
         raise ValueError(f"{indices.numel()} index bytes are too few for shape {tuple(shape)}")
     positions = _unpack_bits(indices, pattern.index_bits, groups * pattern.n)

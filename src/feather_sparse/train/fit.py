@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from feather_sparse._modes import evaluating
 from feather_sparse.integrity import first_line
 from feather_sparse.models import create_model
 from feather_sparse.recipes import list_recipes, load_config
@@ -45,12 +46,8 @@ def _runs_on(model: nn.Module, shape: tuple[int, ...]) -> None:
     gradients, inside a forked CPU random state: the check changes neither the
     model nor what a seeded run draws afterwards.
     """
-    was_training = model.training
-    try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            model.eval()(torch.zeros((2, *shape)))
-    finally:
-        model.train(was_training)
+    with evaluating(model), torch.random.fork_rng(devices=[]), torch.no_grad():
+        model(torch.zeros((2, *shape)))
 
 
 def models_taking(shape: tuple[int, ...], num_classes: int) -> list[str]:
@@ -84,8 +81,8 @@ def check_model_takes(
     """Raise unless ``model`` runs forward on a batch of the data set's samples.
 
     The model is run on two zero samples on the device it is on, in
-    evaluation mode and without gradients, and left as it was (its mode, its
-    buffers, the random state).
+    evaluation mode and without gradients, and left as it was (every module's
+    own mode, its buffers, the random state).
 
     Args:
         model: the model to train, built for ``num_classes`` classes.

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from feather_sparse.export.fsp import inspect_sparse, load_sparse
+from feather_sparse.export.fsp import _load_sparse, inspect_sparse
 from feather_sparse.run_files import MODEL_NAME
 
 __all__ = ["load_init", "resolve_init"]
@@ -58,6 +58,10 @@ def resolve_init(source: str) -> Path:
 def load_init(model: nn.Module, path: Path) -> dict[str, Any]:
     """Copy the weights of the ``.fsp`` at ``path`` into ``model``; what was loaded.
 
+    The file is read once: the weights are loaded from the very bytes whose
+    SHA-256 is recorded (a file replaced meanwhile cannot be recorded with
+    another file's hash), without reading it a second time.
+
     Args:
         model: the freshly built model, before a Pruner is attached.
         path: the file :func:`resolve_init` gave.
@@ -69,9 +73,10 @@ def load_init(model: nn.Module, path: Path) -> dict[str, Any]:
         ValueError: for a file of another architecture (naming every tensor
             that differs) or a damaged file; the model is then left as built.
     """
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    content = path.read_bytes()
+    digest = hashlib.sha256(content).hexdigest()
     try:
-        load_sparse(path, model)
+        _load_sparse(path, model, content)
     except ValueError as err:
         raise ValueError(f"init_from: {err}") from None
     return {"path": str(path.resolve()), "sha256": digest}
