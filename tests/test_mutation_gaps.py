@@ -298,16 +298,18 @@ def test_value_decoder_refuses_corrupt_planes() -> None:
     "`ValueError`: shape does not split into groups of M",
 )
 def test_nm_decoder_refuses_a_shape_the_writer_never_writes() -> None:
-    """cod20: N:M groups need a ``(out, …)`` weight; a 1-d shape is refused (the
-    mutant decoded it as a column)."""
+    """cod20: N:M groups need a ``(out, …)`` weight; a 1-d or 0-d shape is refused (the
+    mutant decoded a 1-d one as a column; since ``decode_nm`` checks that rows are whole
+    groups, it refuses that one too, so the 0-d shape, which has no rows, tells them apart)."""
     pattern = NMPattern(2, 4)
     w = torch.tensor([[1.0, 0.0, 2.0, 0.0, 0.0, -2.0, 0.0, 3.0]])
     encoded = codec._encode_nm(w, pattern)
     assert encoded is not None
     data, values = encoded
     assert torch.equal(codec._decode_nm(data, values, (1, 8), pattern, torch.float32), w)
-    with pytest.raises(ValueError, match="does not split into groups of 4"):
-        codec._decode_nm(data, values, (8,), pattern, torch.float32)
+    for shape in [(8,), ()]:
+        with pytest.raises(ValueError, match="does not split into groups of 4"):
+            codec._decode_nm(data, values, shape, pattern, torch.float32)
 
 
 def _encodings(mask: np.ndarray) -> dict[str, int]:
