@@ -101,8 +101,8 @@ MUTATIONS = [
     dict(
         id="cod16",
         desc="N:M detection: N from the emptiest group (min)",
-        old="n = int(nonzero.reshape(-1, m).sum(dim=1).max())",
-        new="n = max(1, int(nonzero.reshape(-1, m).sum(dim=1).min()))",
+        old="n = int(counts.max())",
+        new="n = max(1, int(counts.min()))",
     ),
     dict(
         id="cod17",

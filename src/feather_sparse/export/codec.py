@@ -269,7 +269,9 @@ def _nm_candidates(nonzero: Tensor, shape: Sequence[int]) -> list[NMPattern]:
     for m in NM_GROUP_SIZES:
         if row % m:
             continue
-        n = int(nonzero.reshape(-1, m).sum(dim=1).max())
+        # counted in uint8 (m <= 8): a bool sum widens to int64, ~15x slower
+        counts = nonzero.view(torch.uint8).reshape(-1, m).sum(dim=1, dtype=torch.uint8)
+        n = int(counts.max())
         if 1 <= n <= m // 2:
             out.append(NMPattern(n, m))
     return out

@@ -100,6 +100,7 @@ import os
 import sys
 import zlib
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -423,7 +424,7 @@ def _encode_tensor(name: str, tensor: Tensor, values: str) -> tuple[TensorRecord
     raw = _raw_bytes(t)
     floating = t.is_floating_point() and t.element_size() in _BITS_DTYPES
     nonzero = _bits(t) != 0 if floating else None
-    nnz = int(nonzero.sum()) if nonzero is not None else int(torch.count_nonzero(t))
+    nnz = int(torch.count_nonzero(t if nonzero is None else nonzero))
     shape, dtype = tuple(t.shape), _dtype_name(t.dtype)
     dense = (TensorRecord(name, shape, dtype, nnz, crc32=zlib.crc32(raw)), raw)
     if nonzero is None or t.numel() == 0 or nnz == t.numel():
@@ -435,7 +436,7 @@ def _encode_tensor(name: str, tensor: Tensor, values: str) -> tuple[TensorRecord
         # A value the stored precision rounds to +0 is stored as a zero, so that the
         # record counts the non-zeros load_sparse gives back (its integrity check).
         nonzero &= _bits(t.to(value_dtype)) != 0
-        nnz = int(nonzero.sum())
+        nnz = int(torch.count_nonzero(nonzero))
     kept = t.reshape(-1)[nonzero]
     stored_values = kept.to(value_dtype)
     if value_dtype != t.dtype:
@@ -474,6 +475,37 @@ def _encode_tensor(name: str, tensor: Tensor, values: str) -> tuple[TensorRecord
         nm_pattern=nm_pattern,
     )
     return record, payload
+
+
+#: Most threads :func:`save_sparse` encodes tensors in (fewer when
+#: ``torch.get_num_threads()`` is lower, e.g. under ``OMP_NUM_THREADS=1``).
+#: Each thread holds one tensor's encoding buffers at a time.
+SAVE_THREADS = 4
+
+
+def _encode_tensors(
+    entries: list[tuple[str, Tensor, tuple[Any, ...] | None]], values: str
+) -> dict[str, tuple[TensorRecord, bytes]]:
+    """:func:`_encode_tensor` of each entry that is not the same tensor as an earlier one.
+
+    In up to :data:`SAVE_THREADS` threads: the compressors (lzma, zlib) and
+    torch's kernels release the GIL, and each tensor is encoded alone, so the
+    records and bytes are those of one thread. An error is that of the first
+    failing entry in order, as it would be encoded one by one.
+    """
+    seen: set[tuple[Any, ...]] = set()
+    todo: list[tuple[str, Tensor]] = []
+    for name, tensor, key in entries:
+        if key is None or key not in seen:
+            todo.append((name, tensor))
+            if key is not None:
+                seen.add(key)
+    threads = min(SAVE_THREADS, torch.get_num_threads(), len(todo))
+    if threads <= 1:
+        return {name: _encode_tensor(name, tensor, values) for name, tensor in todo}
+    with ThreadPoolExecutor(threads, thread_name_prefix="save_sparse") as pool:
+        results = pool.map(lambda item: _encode_tensor(item[0], item[1], values), todo)
+        return {name: result for (name, _), result in zip(todo, results, strict=True)}
 
 
 def save_sparse(
@@ -574,14 +606,18 @@ def save_sparse(
     else:
         state, spec = dict(model), None
 
-    records: list[TensorRecord] = []
-    chunks: list[bytes] = []
-    stored: dict[tuple[Any, ...], TensorRecord] = {}  # by _storage_key: tied weights once
+    entries: list[tuple[str, Tensor, tuple[Any, ...] | None]] = []
     for name, tensor in state.items():
         if not isinstance(tensor, Tensor):
             raise ValueError(f"state_dict entry {name!r} is not a tensor ({type(tensor).__name__})")
         _check_storable(name, tensor)
-        key = _storage_key(tensor)
+        entries.append((name, tensor, _storage_key(tensor)))
+    encoded = _encode_tensors(entries, values)
+
+    records: list[TensorRecord] = []
+    chunks: list[bytes] = []
+    stored: dict[tuple[Any, ...], TensorRecord] = {}  # by _storage_key: tied weights once
+    for name, _, key in entries:
         if key is not None and key in stored:  # the same tensor as an earlier entry
             first = stored[key]
             record = TensorRecord(
@@ -589,7 +625,7 @@ def save_sparse(
             )
             payload = b""
         else:
-            record, payload = _encode_tensor(name, tensor, values)
+            record, payload = encoded[name]
             if key is not None:
                 stored[key] = record
         records.append(record)
