@@ -84,6 +84,17 @@ def test_torch_save_of_an_attached_model_writes_the_forward_it_computes(
         assert torch.equal(value, pruned[key]), key
     assert isinstance(loaded[0].weight, nn.Parameter) and loaded[0].weight.requires_grad
     assert float((loaded[0].weight == 0).float().mean()) > 0.3  # thresholded, not dense
+    for layer in (loaded[0], loaded[2]):  # none of the Pruner's hooks or attributes came along
+        assert not {"__reduce_ex__", plain_keys.FQN_MODIFIERS} & set(layer.__dict__)
+        hooks = [
+            *layer._state_dict_hooks.values(),
+            *layer._load_state_dict_pre_hooks.values(),
+            *layer._load_state_dict_post_hooks.values(),
+        ]
+        assert not hooks
+    # and it loads a plain state as the plain model does
+    loaded.load_state_dict(mlp().state_dict())
+    assert torch.equal(loaded[0].weight, mlp()[0].weight)
     # the model itself is untouched and still pruned by its Pruner
     assert parametrize.is_parametrized(model[0], "weight")
     assert torch.equal(model(x), expected)
