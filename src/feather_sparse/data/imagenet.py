@@ -133,10 +133,10 @@ class RandomResizedCropFlip:
     def __call__(self, img: Any, generator: torch.Generator) -> Tensor:
         """Crop, resize and maybe flip a PIL image; returns ``(3, size, size)`` uint8."""
         left, top, w, h = self.box(img.width, img.height, generator)
-        image_module = _pil_image()
-        img = img.resize(
-            (self.size, self.size), _bilinear(image_module), box=(left, top, left + w, top + h)
-        )
+        # Crop, then resize what was cropped, as torchvision's resized_crop does:
+        # resize(box=...) would let the filter read pixels outside the box at its edges.
+        img = img.crop((left, top, left + w, top + h))
+        img = img.resize((self.size, self.size), _bilinear(_pil_image()))
         out = _to_tensor(img)
         flip = bool(torch.rand(1, generator=generator).item() < 0.5)
         return out.flip(2) if flip else out
