@@ -109,8 +109,8 @@ class FeatherCallback(DrivenCallback, pl.Callback):
         sparsity: final target sparsity ``S`` in ``[0, 1)``; leave it out with
             ``pattern="N:M"``, which implies it.
         total_steps: optimizer steps the schedule is laid out on; default
-            ``trainer.estimated_stepping_batches`` (give it when that is
-            infinite, e.g. an iterable data set with ``max_steps=-1``). Under
+            ``trainer.estimated_stepping_batches`` (give it when the Trainer
+            cannot tell it: an iterable data set with ``max_steps=-1``). Under
             manual optimization: the number of training batches in which an
             optimizer steps (give it for manual gradient accumulation).
         finalize: at the end of training, bake ``P_T(w)`` into the weights and
@@ -162,7 +162,8 @@ class FeatherCallback(DrivenCallback, pl.Callback):
         if self.total_steps is not None:
             return self.total_steps
         estimated = trainer.estimated_stepping_batches
-        if not math.isfinite(estimated):
+        # Infinite data: inf with max_epochs=-1, else max_steps, which is -1 (unset).
+        if not math.isfinite(estimated) or estimated < 0:
             raise ValueError(
                 "the Trainer cannot tell how many optimizer steps this fit runs (infinite "
                 "data and max_steps=-1); pass FeatherCallback(..., total_steps=N)"
