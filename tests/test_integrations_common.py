@@ -165,6 +165,19 @@ def test_the_pruner_answers_after_finish(finalize: bool) -> None:
     assert driver.metrics() == {}  # nothing attached to log about
 
 
+@pytest.mark.parametrize("finalize", [True, False])
+def test_a_step_after_finish_says_the_pruner_ended(finalize: bool) -> None:
+    # It said "training stepped before the Pruner was attached", after training.
+    driver = PrunerDriver("cb", 0.5, {"schedule": "constant"}, finalize=finalize)
+    with pytest.raises(RuntimeError, match="stepped before the Pruner was attached"):
+        driver.step()
+    driver.attach(mlp(), total_steps=2)
+    driver.finish()
+    how = "finalized" if finalize else "detached"
+    with pytest.raises(RuntimeError, match=f"cb: training stepped after the Pruner was {how}"):
+        driver.step()
+
+
 @pytest.mark.parametrize("schedule", ["cubic", "callable"])
 def test_bake_pending_writes_the_saved_forward_into_a_plain_model(schedule: str) -> None:
     """What ``validate(ckpt_path=...)`` of a checkpoint taken mid-training evaluates."""

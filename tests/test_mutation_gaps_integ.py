@@ -348,6 +348,6 @@ def test_ao_an_empty_config_prunes_nothing() -> None:
     """``config`` names the tensors; an empty list names none (only None means every
     Conv/Linear weight)."""
     model = mlp()
-    with pytest.raises(ValueError, match="no prunable layer"):
+    with pytest.raises(ValueError, match=r"config is empty: it names no tensor to prune"):
         FeatherSparsifier(0.5, 4).prepare(model, config=[])
     assert is_plain(model, mlp())

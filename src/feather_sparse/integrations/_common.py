@@ -241,8 +241,14 @@ class PrunerDriver:
 
     def step(self) -> None:
         """One optimizer step happened."""
-        if self.pruner is None or not self.attached:
+        if self.pruner is None:
             raise RuntimeError(f"{self.owner}: training stepped before the Pruner was attached")
+        if not self.attached:
+            how = "finalized" if self.final_sparsity is not None else "detached"
+            raise RuntimeError(
+                f"{self.owner}: training stepped after the Pruner was {how} at the end of "
+                "training; a new fit attaches a new one when it starts"
+            )
         self.pruner.step()
 
     def metrics(self) -> dict[str, float]:

@@ -91,6 +91,11 @@ class FeatherSparsifier:
                 if module_name not in modules:
                     raise ValueError(f"{fqn!r}: the model has no module {module_name!r}")
                 names.append(module_name)
+            if not names:
+                raise ValueError(
+                    "config is empty: it names no tensor to prune; give entries like "
+                    "{'tensor_fqn': '<module>.weight'}, or config=None for every Conv/Linear weight"
+                )
             kwargs["include"] = names
         self.pruner = Pruner(model, self.sparsity, self.total_steps, **kwargs)
 
