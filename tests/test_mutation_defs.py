@@ -56,6 +56,9 @@ def test_there_are_mutant_modules() -> None:
         "m_fsp",
         "m_pruner",
         "m_infer",
+        "m_data",
+        "m_integ",
+        "m_stats",
     }
     assert expected <= set(MODULES)
 
