@@ -110,3 +110,14 @@ def test_stability_claim_pairs_runs_at_the_same_sparsity(tmp_path: Path) -> None
     (result,) = [r for r in assess_claims(tmp_path, runs) if "mask" in r.claim]
     assert [(c.x, c.diff.verdict) for c in result.comparisons] == [(0.9, "win"), (0.98, "loss")]
     assert result.verdict == "not reproduced"
+
+
+def test_a_cell_without_a_common_seed_has_no_number() -> None:
+    # It read "+nan points (n = 0, no interval)"; the paired tables show "—" there.
+    from feather_sparse.bench.claims import Comparison, _cell_text
+    from feather_sparse.bench.stats import paired_difference
+
+    none = Comparison("feather", "gmp", 0.9, paired_difference({0: 91.0}, {1: 90.0}))
+    assert _cell_text(none, " points") == "feather − gmp at 90 %: — (no seed finished in both)"
+    one = Comparison("feather", "gmp", 0.9, paired_difference({0: 91.0}, {0: 90.5}))
+    assert _cell_text(one, " points") == "feather − gmp at 90 %: +0.50 points (n = 1, no interval)"

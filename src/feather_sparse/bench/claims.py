@@ -243,6 +243,8 @@ def assess_claims(out: Path, runs_dir: Path | None = None) -> list[ClaimResult]:
 def _cell_text(c: Comparison, unit: str) -> str:
     d = c.diff
     where = f" at {100 * c.x:g} %" if c.x else ""
+    if d.n == 0:  # both rows ran here, but no seed finished in both: nothing to pair
+        return f"{c.better} − {c.worse}{where}: — (no seed finished in both)"
     if d.n < 2:
         return f"{c.better} − {c.worse}{where}: {d.mean:+.2f}{unit} (n = {d.n}, no interval)"
     return (
