@@ -99,7 +99,7 @@ import logging
 import os
 import sys
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -180,8 +180,12 @@ def _container_metadata(library_version: str, format_version: int) -> dict[str, 
     }
 
 
-def _container(blobs: Mapping[str, bytes], metadata: Mapping[str, str]) -> bytes:
+def _container(blobs: Mapping[str, bytes | Sequence[bytes]], metadata: Mapping[str, str]) -> bytes:
     """A safetensors file of 1-d uint8 tensors, the same bytes for the same input.
+
+    A blob may be given as its parts (a sequence of ``bytes``), joined in the
+    one concatenation that makes the file: a model's data is then held twice
+    at most while it is written (its parts and the file), not three times.
 
     safetensors' own writer orders the ``__metadata__`` entries differently
     from one call to the next (it keeps them in a hash map), so the same model
@@ -194,13 +198,17 @@ def _container(blobs: Mapping[str, bytes], metadata: Mapping[str, str]) -> bytes
     header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
     offset = 0
     names = sorted(blobs)
+    parts: list[bytes] = []
     for name in names:
-        size = len(blobs[name])
+        blob = blobs[name]
+        pieces = [blob] if isinstance(blob, bytes) else list(blob)
+        size = sum(len(piece) for piece in pieces)
         header[name] = {"dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size]}
         offset += size
+        parts.extend(pieces)
     text = json.dumps(header, separators=(",", ":")).encode("ascii")
     text += b" " * (-len(text) % 8)
-    return len(text).to_bytes(8, "little") + text + b"".join(blobs[name] for name in names)
+    return b"".join([len(text).to_bytes(8, "little"), text, *parts])
 
 
 def _model_spec(model: nn.Module) -> dict[str, Any] | None:
@@ -634,7 +642,7 @@ def save_sparse(
     header = _header_bytes(records, values, spec, metadata)
     _safetensors("safetensors")  # the reader needs it: fail before writing, as documented
     data = _container(
-        {HEADER_KEY: header, DATA_KEY: b"".join(chunks)},
+        {HEADER_KEY: header, DATA_KEY: chunks},
         _container_metadata(__version__, file_version(records)),
     )
     write_atomic(target, data)
