@@ -187,6 +187,9 @@ def count_flops(
     own mode is restored) with hooks on every convolution and linear layer. Each layer's
     density is that of the weight its forward uses, so the count is right both
     during training (a Pruner attached: ``P_T(w)``) and after ``finalize``.
+    Costs are per sample of the model's input: a layer applied to several
+    pieces of each sample folded into its batch (``(B·T, C, L)`` frames) counts
+    all of them, and a layer called twice counts both calls.
 
     Args:
         model: any model made of ``nn.Conv*``/``nn.Linear`` layers (others are
@@ -213,12 +216,13 @@ def count_flops(
 
     def hook(module: nn.Module, inputs: tuple[Any, ...], output: Tensor) -> None:
         if isinstance(module, _CONV):
-            # every output position (per sample) applies every weight once
-            positions = output.numel() // (output.shape[0] * output.shape[1])
+            # every output position applies every weight once; per sample, so divided
+            # by the batch, not the call's first dimension (frames folded into it count)
+            positions = output.numel() // (batch * module.out_channels)
         elif isinstance(module, _CONV_T):
             # a transposed conv scatters each input position through every weight
             inp = inputs[0]
-            positions = inp.numel() // (inp.shape[0] * inp.shape[1])
+            positions = inp.numel() // (batch * module.in_channels)
         else:  # nn.Linear: one use per row of the (..., in_features) input
             positions = output.numel() // (batch * output.shape[-1])
         uses[module] = uses.get(module, 0) + positions

@@ -84,7 +84,8 @@ def _effective_weights(model: nn.Module, pruner: Any = None) -> list[tuple[str, 
 
     With a pruner that lists its ``targets`` (the Pruner does), those layers;
     otherwise every convolution and linear layer of ``model`` (which, after
-    ``finalize``, is what a default Pruner pruned).
+    ``finalize``, is what a default Pruner pruned). A weight tied to several
+    layers is listed once, under the first layer's name, as the Pruner counts it.
     """
     names = {module: name for name, module in model.named_modules()}
     targets = getattr(pruner, "targets", None)
@@ -93,10 +94,14 @@ def _effective_weights(model: nn.Module, pruner: Any = None) -> list[tuple[str, 
     else:
         modules = [m for m in model.modules() if isinstance(m, FLOP_LAYERS)]
     out = []
+    seen: set[int] = set()  # a tied weight (one tensor in several layers) counts once
     with torch.no_grad():
         for m in modules:
             weight = getattr(m, "weight", None)
-            if isinstance(weight, Tensor):
+            parametrizations = getattr(m, "parametrizations", None)
+            stored = getattr(getattr(parametrizations, "weight", None), "original", weight)
+            if isinstance(weight, Tensor) and id(stored) not in seen:
+                seen.add(id(stored))
                 out.append((names.get(m, type(m).__name__), weight.detach()))
     if not out:
         raise ValueError(f"{type(model).__name__} has no convolution or linear layer")
@@ -109,7 +114,9 @@ def layer_sparsity(model: nn.Module, pruner: Any = None) -> SparsityDistribution
     Args:
         model: the model, with a Pruner attached or finalized.
         pruner: optional; when given (and it has ``targets``), only its layers
-            are listed. Without it, every convolution and linear layer is.
+            are listed. Without it, every convolution and linear layer is; a
+            weight tied to several layers is listed once (the first layer's
+            name), as the Pruner counts it.
     """
     rows = [
         LayerSparsity(name, tuple(w.shape), w.numel(), int(torch.count_nonzero(w)))
