@@ -995,6 +995,34 @@ def test_onnx_export_matches_pytorch(
     assert verify_onnx(net, path, torch.randn(5, 1, 40)) < 1e-4
 
 
+@guard(
+    "`feather-sparse export RUN --onnx FILE` whose file onnxruntime runs to other outputs "
+    "than the model's",
+    "exit 1: the largest difference and the tolerance named, the file left for inspection; "
+    "it printed 'onnxruntime matches PyTorch to D' whatever D was",
+)
+@pytest.mark.parametrize("diff", [0.5, float("nan")])
+def test_cli_export_onnx_refuses_a_file_that_does_not_match(
+    diff: float,
+    fake_zoo: ZooFactory,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from feather_sparse.cli import export as cli_export
+
+    monkeypatch.setattr(export.onnx, "_onnx_exporter", lambda: ("legacy", 20))
+    monkeypatch.setattr(cli_export, "verify_onnx", lambda *args: diff)
+    run, _ = _write_run(tmp_path, fake_zoo)
+    assert cli.main(["export", str(run), "--onnx", str(tmp_path / "m.onnx")]) == 1
+    out, err = capsys.readouterr()
+    assert "matches" not in out
+    assert f"differs from PyTorch's by up to {diff:.3g}, above the tolerance" in err
+    assert (tmp_path / "m.onnx").stat().st_size > 0
+
+
 def test_cli_export_onnx(
     fake_zoo: ZooFactory,
     tmp_path: Path,

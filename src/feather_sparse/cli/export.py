@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from feather_sparse import models
+from feather_sparse._modes import evaluating
 from feather_sparse.export.codec import _VALUE_DTYPES
 from feather_sparse.export.files import SUFFIXES, check_writable
 from feather_sparse.export.fsp import inspect_sparse, save_sparse
@@ -133,6 +134,20 @@ def _warn_of_name(target: Path, kind: str) -> None:
     )
 
 
+def _onnx_tolerance(model: nn.Module, example: torch.Tensor) -> float:
+    """The largest difference between onnxruntime's and PyTorch's outputs taken as a match.
+
+    1000 machine epsilons of the output's dtype, times its largest magnitude
+    (at least 1): about 1e-4 relative in float32, where the two runtimes
+    differ by rounding alone (their kernels sum in other orders).
+    """
+    with evaluating(model), torch.inference_mode():
+        out = model(example)
+    eps = torch.finfo(out.dtype).eps if out.is_floating_point() else 0.0
+    scale = float(out.detach().abs().max()) if out.numel() else 0.0
+    return 1000 * eps * max(1.0, scale)
+
+
 def _print_written(info: SparseFileInfo) -> None:
     print(
         f"wrote {info.path}: {human_bytes(info.file_bytes)} "
@@ -236,6 +251,17 @@ def run(command: str, args: argparse.Namespace) -> int:
         except ValueError as err:  # onnxruntime missing: the export itself succeeded
             message += f"; not verified: {err}"
         else:
+            tolerance = _onnx_tolerance(model, example)
+            if not diff <= tolerance:  # NaN too
+                print(message)
+                print(
+                    f"feather-sparse export: error: {args.onnx} does not compute what the "
+                    f"model computes: onnxruntime's output differs from PyTorch's by up to "
+                    f"{diff:.3g}, above the tolerance {tolerance:.3g} (1000 float epsilons of "
+                    "the output's scale); the file is left for inspection, do not deploy it",
+                    file=sys.stderr,
+                )
+                return 1
             message += f"; onnxruntime matches PyTorch to {diff:.2e}"
         print(message)
     sys.stdout.flush()
