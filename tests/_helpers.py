@@ -157,3 +157,35 @@ def frozen_spartan() -> tuple[nn.Module, Any]:
         pruner.step()
     assert pruner.backbone.frozen
     return model, pruner
+
+
+def training_checkpoint(
+    path: Path,
+    model: nn.Module,
+    pruner: Any,
+    *,
+    epoch: int = 1,
+    config: dict[str, Any] | None = None,
+) -> Path:
+    """A training checkpoint of format 1 (no checksum) holding every entry ``export`` reads.
+
+    ``config`` adds to the recorded config (``model`` and ``seed``); ``pruner`` is a
+    :class:`~feather_sparse.Pruner` or None (a dense run).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {
+            "format": "feather-sparse-checkpoint",
+            "version": 1,
+            "epoch": epoch,
+            "step": 4,
+            "config": {"model": model.feather_model_spec, "seed": 0, **(config or {})},
+            "model": model.state_dict() if pruner is None else pruner.dense_state_dict(),
+            "pruner": None if pruner is None else pruner.state_dict(),
+            "optimizer": {},
+            "lr_scheduler": {},
+            "rng": {"torch": torch.get_rng_state(), "numpy": [], "python": [], "cuda": []},
+        },
+        path,
+    )
+    return path

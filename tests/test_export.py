@@ -995,6 +995,17 @@ def test_onnx_export_matches_pytorch(
     assert verify_onnx(net, path, torch.randn(5, 1, 40)) < 1e-4
 
 
+@pytest.fixture
+def onnx_run(fake_zoo: ZooFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A run folder to export with ``--onnx``, by the quicker legacy exporter (the
+    default one is covered above; these test the CLI path)."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setattr(export.onnx, "_onnx_exporter", lambda: ("legacy", 20))
+    run, _ = _write_run(tmp_path, fake_zoo)
+    return run
+
+
 @guard(
     "`feather-sparse export RUN --onnx FILE` whose file onnxruntime runs to other outputs "
     "than the model's",
@@ -1004,19 +1015,15 @@ def test_onnx_export_matches_pytorch(
 @pytest.mark.parametrize("diff", [0.5, float("nan")])
 def test_cli_export_onnx_refuses_a_file_that_does_not_match(
     diff: float,
-    fake_zoo: ZooFactory,
+    onnx_run: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
     from feather_sparse.cli import export as cli_export
 
-    monkeypatch.setattr(export.onnx, "_onnx_exporter", lambda: ("legacy", 20))
     monkeypatch.setattr(cli_export, "verify_onnx", lambda *args: diff)
-    run, _ = _write_run(tmp_path, fake_zoo)
-    assert cli.main(["export", str(run), "--onnx", str(tmp_path / "m.onnx")]) == 1
+    assert cli.main(["export", str(onnx_run), "--onnx", str(tmp_path / "m.onnx")]) == 1
     out, err = capsys.readouterr()
     assert "matches" not in out
     assert f"differs from PyTorch's by up to {diff:.3g}, above the tolerance" in err
@@ -1024,17 +1031,9 @@ def test_cli_export_onnx_refuses_a_file_that_does_not_match(
 
 
 def test_cli_export_onnx(
-    fake_zoo: ZooFactory,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    onnx_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
-    # the quicker exporter: the default one is covered above, this tests the CLI path
-    monkeypatch.setattr(export.onnx, "_onnx_exporter", lambda: ("legacy", 20))
-    run, _ = _write_run(tmp_path, fake_zoo)
-    assert cli.main(["export", str(run), "--onnx", str(tmp_path / "m.onnx")]) == 0
+    assert cli.main(["export", str(onnx_run), "--onnx", str(tmp_path / "m.onnx")]) == 0
     assert "onnxruntime matches PyTorch" in capsys.readouterr().out
     assert (tmp_path / "m.onnx").stat().st_size > 0
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+import _helpers
 from _guards import guard
 from feather_sparse import Pruner, cli, export
 from feather_sparse.export import export_onnx, inspect_sparse, load_sparse, save_sparse
@@ -49,25 +50,8 @@ def pruned_cnn(dtype: torch.dtype = torch.float32) -> nn.Module:
 
 
 def training_checkpoint(model: nn.Module, pruner: Pruner | None, path: Path) -> Path:
-    """A training checkpoint of format 1 (no checksum) holding every entry export reads."""
-    spec = model.feather_model_spec
-    state = pruner.dense_state_dict() if pruner is not None else model.state_dict()
-    torch.save(
-        {
-            "format": "feather-sparse-checkpoint",
-            "version": 1,
-            "epoch": 1,
-            "step": 4,
-            "config": {"model": spec, "seed": 0, "epochs": 1},
-            "model": state,
-            "pruner": None if pruner is None else pruner.state_dict(),
-            "optimizer": {},
-            "lr_scheduler": {},
-            "rng": {"torch": torch.get_rng_state(), "numpy": [], "python": [], "cuda": []},
-        },
-        path,
-    )
-    return path
+    """A training checkpoint of a one-epoch run (see :func:`_helpers.training_checkpoint`)."""
+    return _helpers.training_checkpoint(path, model, pruner, config={"epochs": 1})
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from _helpers import training_checkpoint
 from feather_sparse import Pruner, export
 from feather_sparse.export import (
     export_onnx,
@@ -241,38 +242,10 @@ def trained(model: nn.Module, steps: int, total: int, **kwargs: Any) -> Pruner:
     return pruner
 
 
-def checkpoint(
-    path: Path,
-    model: nn.Module,
-    pruner: Pruner | None,
-    *,
-    epoch: int = 1,
-    config: dict[str, Any] | None = None,
-) -> Path:
-    """A training checkpoint of format 1 (no checksum) holding every entry export reads."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(
-        {
-            "format": "feather-sparse-checkpoint",
-            "version": 1,
-            "epoch": epoch,
-            "step": 4,
-            "config": {"model": model.feather_model_spec, "seed": 0, **(config or {})},
-            "model": model.state_dict() if pruner is None else pruner.dense_state_dict(),
-            "pruner": None if pruner is None else pruner.state_dict(),
-            "optimizer": {},
-            "lr_scheduler": {},
-            "rng": {"torch": torch.get_rng_state(), "numpy": [], "python": [], "cuda": []},
-        },
-        path,
-    )
-    return path
-
-
 def test_a_run_folder_with_only_its_previous_checkpoint_exports_it(tmp_path: Path) -> None:
     run = tmp_path / "run"
     model = cnn()
-    prev = checkpoint(run / "checkpoints" / "prev.pt", model, None)
+    prev = training_checkpoint(run / "checkpoints" / "prev.pt", model, None)
     assert resolve_source(run) == prev
     source = load_export_source(run)
     assert source.path == prev
@@ -283,7 +256,7 @@ def test_a_pruner_at_its_last_step_is_a_finished_run_without_epochs(tmp_path: Pa
     """No epoch count: step == total_steps is finished, baked at the target."""
     model = cnn()
     pruner = trained(model, 4, 4, sparsity=0.8)
-    source = load_export_source(checkpoint(tmp_path / "last.pt", model, pruner))
+    source = load_export_source(training_checkpoint(tmp_path / "last.pt", model, pruner))
     assert source.finished and source.progress == "step 4 of 4"
     assert source.baked == "target" and source.sparsity == pytest.approx(0.8, abs=1e-3)
 
@@ -291,7 +264,7 @@ def test_a_pruner_at_its_last_step_is_a_finished_run_without_epochs(tmp_path: Pa
 def test_a_finished_run_exported_at_another_sparsity_warns(tmp_path: Path) -> None:
     model = cnn()
     pruner = trained(model, 4, 4, sparsity=0.8)
-    path = checkpoint(tmp_path / "last.pt", model, pruner, epoch=5, config={"epochs": 5})
+    path = training_checkpoint(tmp_path / "last.pt", model, pruner, epoch=5, config={"epochs": 5})
     source = load_export_source(path, sparsity=0.5)
     assert source.finished and source.baked == "requested"
     assert source.warning is not None and "not trained for it" in source.warning
@@ -301,7 +274,7 @@ def test_a_finished_run_exported_at_another_sparsity_warns(tmp_path: Path) -> No
 
 def test_a_checkpoint_missing_a_weight_is_refused(tmp_path: Path) -> None:
     model = cnn()
-    path = checkpoint(tmp_path / "last.pt", model, None)
+    path = training_checkpoint(tmp_path / "last.pt", model, None)
     ckpt = torch.load(path, weights_only=True)
     name = next(iter(ckpt["model"]))
     del ckpt["model"][name]
@@ -313,7 +286,7 @@ def test_a_checkpoint_missing_a_weight_is_refused(tmp_path: Path) -> None:
 def test_a_config_that_is_not_json_is_left_out_of_the_metadata(tmp_path: Path) -> None:
     """metadata: "JSON-able facts to store in the .fsp header"."""
     model = cnn()
-    path = checkpoint(tmp_path / "last.pt", model, None, config={"note": b"\x00bytes"})
+    path = training_checkpoint(tmp_path / "last.pt", model, None, config={"note": b"\x00bytes"})
     source = load_export_source(path)
     assert source.metadata["config"] is None
     json.dumps(source.metadata)
@@ -327,7 +300,7 @@ def test_an_nm_run_accepts_its_pattern_sparsity_computed_as_1_minus_n_over_m(
     torch.manual_seed(0)
     model = create_model("mnist1d_mlp")
     pruner = Pruner(model, pattern="4:5", exclude=["features.4", "fc"])
-    path = checkpoint(tmp_path / "last.pt", model, pruner)
+    path = training_checkpoint(tmp_path / "last.pt", model, pruner)
     assert 1 - 4 / 5 != 0.2
     source = load_export_source(path, sparsity=1 - 4 / 5)
     assert source.baked == "requested" and source.sparsity == pytest.approx(0.2, abs=1e-6)
