@@ -103,3 +103,17 @@ def test_a_tied_weight_counts_once_with_a_pruner_attached_or_finalized() -> None
     dist = layer_sparsity(model)
     assert dist.params == 64
     assert dist.sparsity == pytest.approx(expected)
+
+
+def test_the_flops_report_totals_count_a_tied_weight_once() -> None:
+    # Each row's MACs count (both layers compute), but params/nonzeros summed the tied
+    # tensor once per layer: 48 weights and 32 non-zeros for a model of 32 and 16.
+    report = count_flops(_tied_model(), (4,))
+    assert [(r.name, r.tied_to) for r in report.layers] == [("0", None), ("1", "0"), ("2", None)]
+    assert report.dense_macs == 3 * 16
+    assert report.sparse_macs == 2 * 16  # the two layers of the dense tied weight
+    assert report.params == 32
+    assert report.nonzeros == 16
+    model = _tied_model()
+    fs.Pruner(model, sparsity=0.25, total_steps=4)  # attached: the tie is through `original`
+    assert count_flops(model, (4,)).params == 32

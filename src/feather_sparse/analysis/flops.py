@@ -61,6 +61,9 @@ class LayerFlops:
         nonzeros: non-zero entries of the weight the forward uses.
         uses: how often each weight is applied per sample (output positions of
             a convolution, rows of a linear layer's input).
+        tied_to: the name of an earlier row whose layer holds the same weight
+            tensor (a tied weight), else None. Its MACs count (the layer
+            computes), its weights not again in the report's totals.
     """
 
     name: str
@@ -69,6 +72,7 @@ class LayerFlops:
     params: int
     nonzeros: int
     uses: int
+    tied_to: str | None = None
 
     @property
     def macs(self) -> int:
@@ -124,13 +128,13 @@ class FlopsReport:
 
     @property
     def params(self) -> int:
-        """Weights in the counted layers."""
-        return sum(layer.params for layer in self.layers)
+        """Weights in the counted layers, a tied weight once."""
+        return sum(layer.params for layer in self.layers if layer.tied_to is None)
 
     @property
     def nonzeros(self) -> int:
-        """Non-zero weights in the counted layers."""
-        return sum(layer.nonzeros for layer in self.layers)
+        """Non-zero weights in the counted layers, a tied weight once."""
+        return sum(layer.nonzeros for layer in self.layers if layer.tied_to is None)
 
     def table(self) -> str:
         """The rows as a Markdown table (MFLOPs = million MACs)."""
@@ -242,11 +246,14 @@ def count_flops(
             h.remove()
 
     rows = []
+    holders: dict[int, str] = {}  # the stored weight's id -> the first row holding it
     with torch.no_grad():
         for module in layers:
             if module not in uses:  # defined but not called in this forward
                 continue
             weight: Any = module.weight  # the effective weight (parametrized or not)
+            plist: Any = getattr(getattr(module, "parametrizations", None), "weight", None)
+            stored = id(getattr(plist, "original", weight))
             rows.append(
                 LayerFlops(
                     name=names[module],
@@ -255,8 +262,10 @@ def count_flops(
                     params=weight.numel(),
                     nonzeros=int(torch.count_nonzero(weight)),
                     uses=uses[module],
+                    tied_to=holders.get(stored),
                 )
             )
+            holders.setdefault(stored, names[module])
     return FlopsReport(input_shape=shape, layers=tuple(rows))
 
 
