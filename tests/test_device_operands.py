@@ -87,18 +87,7 @@ def test_a_pruned_model_moved_after_attaching_trains_there(settings: dict[str, o
     assert all(p.grad is not None and p.grad.device == META for p in model.parameters())
 
 
-BACKWARD_READS = pytest.mark.xfail(
-    strict=True,
-    reason="Spartan's backward reads one scalar (float(num / den)), which the meta device "
-    "cannot give (on a GPU it is one synchronisation per backward); its forward after a "
-    "move: test_spartan_masks_follow_a_model_moved_after_an_update",
-)
-
-
-@pytest.mark.parametrize(
-    "method",
-    [pytest.param(m, marks=BACKWARD_READS) if m == "spartan" else m for m in fs.METHODS.names()],
-)
+@pytest.mark.parametrize("method", fs.METHODS.names())
 def test_every_method_trains_on_the_device_the_model_moved_to(method: str) -> None:
     model = nn.Sequential(nn.Conv1d(4, 8, 4), nn.ReLU(), nn.Flatten(), nn.Linear(40, 8))
     nm = "pattern" in fs.METHODS.get(method).defaults

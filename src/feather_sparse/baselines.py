@@ -304,7 +304,9 @@ class _SoftTopKMask(torch.autograd.Function):
         slopes = [m * (1.0 - m) for m in ctx.masks]  # m(1 − m)
         num = sum((g * s).sum(dtype=torch.float64) for g, s in zip(grads, slopes))
         den = sum(s.sum(dtype=torch.float64) for s in slopes)
-        coef = float(num / den) if float(den) > 0 else 0.0
+        # a 0-d tensor, never read back: no wait for the device in every backward. Its
+        # float64 value is rounded to the gradients' dtype as the Python float was.
+        coef = torch.where(den > 0, num / den, torch.zeros_like(den))
         out = [
             (g - coef).mul_(s).mul_(ctx.beta).mul_(sign).to(sign.dtype)
             for g, s, sign in zip(grads, slopes, ctx.signs)
