@@ -62,6 +62,8 @@ def test_there_are_mutant_modules() -> None:
         "m_onnx",
         "m_loop",
         "m_anl",
+        "m_mdl",
+        "m_cli",
     }
     assert expected <= set(MODULES)
 
