@@ -179,6 +179,16 @@ def _example_input(
     return torch.zeros((1, *shape), device=device, dtype=dtype), shape
 
 
+def _stored_weight(module: nn.Module) -> Any:
+    """The tensor ``module`` keeps its weight in: the parametrization's ``original``
+    while one is attached, else ``module.weight``. Layers sharing one weight (tied)
+    share this tensor, which is how the analysis counts such a weight once."""
+    plist = getattr(getattr(module, "parametrizations", None), "weight", None)
+    if plist is not None:  # not module.weight: that would compute the parametrization
+        return plist.original
+    return getattr(module, "weight", None)
+
+
 def count_flops(
     model: nn.Module,
     input_shape: Sequence[int] | None = None,
@@ -252,8 +262,7 @@ def count_flops(
             if module not in uses:  # defined but not called in this forward
                 continue
             weight: Any = module.weight  # the effective weight (parametrized or not)
-            plist: Any = getattr(getattr(module, "parametrizations", None), "weight", None)
-            stored = id(getattr(plist, "original", weight))
+            stored = id(_stored_weight(module))
             rows.append(
                 LayerFlops(
                     name=names[module],

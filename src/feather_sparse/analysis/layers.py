@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from feather_sparse.analysis.flops import FLOP_LAYERS
+from feather_sparse.analysis.flops import FLOP_LAYERS, _stored_weight
 
 __all__ = [
     "LayerSparsity",
@@ -98,8 +98,7 @@ def _effective_weights(model: nn.Module, pruner: Any = None) -> list[tuple[str, 
     with torch.no_grad():
         for m in modules:
             weight = getattr(m, "weight", None)
-            parametrizations = getattr(m, "parametrizations", None)
-            stored = getattr(getattr(parametrizations, "weight", None), "original", weight)
+            stored = _stored_weight(m)
             if isinstance(weight, Tensor) and id(stored) not in seen:
                 seen.add(id(stored))
                 out.append((names.get(m, type(m).__name__), weight.detach()))
