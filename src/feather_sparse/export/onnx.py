@@ -478,6 +478,13 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) 
         ValueError: if ``onnxruntime`` is not installed, or cannot run the
             file (it has no CPU kernel for some operator in float64, say).
     """
+    return _verify_onnx(model, path, inputs)[0]
+
+
+def _verify_onnx(
+    model: nn.Module, path: str | os.PathLike[str], inputs: Tensor
+) -> tuple[float, Tensor]:
+    """:func:`verify_onnx`'s difference, and the PyTorch output it was measured against."""
     try:
         ort = importlib.import_module("onnxruntime")
     except ImportError:
@@ -494,4 +501,6 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) 
         torch_out = model(inputs).detach().cpu()
     if onnx_out.shape != torch_out.shape:
         raise ValueError(f"ONNX output shape {tuple(onnx_out.shape)} != {tuple(torch_out.shape)}")
-    return float((onnx_out.float() - torch_out.float()).abs().max()) if onnx_out.numel() else 0.0
+    if not onnx_out.numel():
+        return 0.0, torch_out
+    return float((onnx_out.float() - torch_out.float()).abs().max()), torch_out
