@@ -189,3 +189,20 @@ def training_checkpoint(
         path,
     )
     return path
+
+
+def quiet_trainer(callbacks: list[Any], **kwargs: Any) -> Any:
+    """A CPU Lightning Trainer without logger, checkpoints, progress bar or model
+    summary (``kwargs`` add to or override these); skips the test without lightning."""
+    import pytest
+
+    pl = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
+    options: dict[str, Any] = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        **kwargs,
+    }
+    return pl.Trainer(callbacks=callbacks, **options)

@@ -26,7 +26,7 @@ pl = pytest.importorskip(
 )
 
 from _guards import guard  # noqa: E402
-from _helpers import one_thread  # noqa: E402
+from _helpers import one_thread, quiet_trainer  # noqa: E402
 from feather_sparse.integrations.lightning import FeatherCallback  # noqa: E402
 
 pytestmark = [
@@ -236,16 +236,7 @@ def test_the_pruner_reports_the_finalized_module_after_training(runs: Runs) -> N
 def bare_trainer(callbacks: list[Any], accumulate: int = ACCUMULATION) -> Any:
     """A Trainer without logger or checkpoints; ``accumulate=1`` for manual optimization,
     which refuses ``accumulate_grad_batches``."""
-    return pl.Trainer(
-        max_epochs=EPOCHS,
-        accumulate_grad_batches=accumulate,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        callbacks=callbacks,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    return quiet_trainer(callbacks, max_epochs=EPOCHS, accumulate_grad_batches=accumulate)
 
 
 def test_resuming_from_the_last_checkpoint_hands_back_the_finished_model(runs: Runs) -> None:

@@ -21,7 +21,7 @@ pl = pytest.importorskip(
 )
 
 from _guards import guard  # noqa: E402
-from _helpers import one_thread  # noqa: E402
+from _helpers import one_thread, quiet_trainer  # noqa: E402
 from feather_sparse.integrations.lightning import FeatherCallback  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*LeafSpec.*")]
@@ -54,15 +54,7 @@ class Net(pl.LightningModule):
 
 
 def fit(module: Net, callback: FeatherCallback, **trainer_kwargs: Any) -> None:
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        callbacks=[callback],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **trainer_kwargs,
-    )
+    trainer = quiet_trainer([callback], **trainer_kwargs)
     with one_thread():
         trainer.fit(module, torch.utils.data.DataLoader(Stream(), batch_size=2))
 

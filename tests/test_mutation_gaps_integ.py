@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from _helpers import one_thread
+from _helpers import one_thread, quiet_trainer
 from feather_sparse.backbones import GlobalBackbone, PruneTarget
 from feather_sparse.integrations._common import PrunerDriver
 from feather_sparse.integrations.ao import FeatherSparsifier
@@ -250,17 +250,7 @@ def lit_module(manual: bool = False) -> Any:
 
 
 def lit_trainer(callbacks: list[Any], **kwargs: Any) -> Any:
-    pl = lightning()
-    options: dict[str, Any] = {
-        "max_epochs": 2,
-        "accelerator": "cpu",
-        "logger": False,
-        "enable_checkpointing": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        **kwargs,
-    }
-    return pl.Trainer(callbacks=callbacks, **options)
+    return quiet_trainer(callbacks, **{"max_epochs": 2, **kwargs})
 
 
 def test_lightning_total_steps_true_is_refused() -> None:
