@@ -9,6 +9,10 @@ compiled once; the frame counter confirms that moving thresholds do not
 recompile it. All numbers are medians of interleaved repeats in one run.
 
     python benchmarks/bench_compile.py [--numel 4.2] [--repeats 9]
+        [--models cnn resnet20 mlp50m] [--device cuda]
+
+The train-step models are the small CNN (default) and those of
+``bench_train_step.py``; on a GPU every timing waits for the device.
 """
 
 from __future__ import annotations
@@ -24,14 +28,15 @@ from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import feather_sparse as fs
-from _timing import compare, machine
+from _timing import add_device_argument, compare, machine, resolve_device
+from bench_train_step import setup
 
 
-def operator_rows(numel: int, repeats: int) -> list[str]:
+def operator_rows(numel: int, repeats: int, device: torch.device) -> list[str]:
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(numel, generator=g).requires_grad_(True)
-    t = torch.tensor(1.0)
-    grad = torch.randn(numel, generator=g)
+    w = torch.randn(numel, generator=g).to(device).requires_grad_(True)
+    t = torch.tensor(1.0, device=device)
+    grad = torch.randn(numel, generator=g).to(device)
     rows = []
     for label, p in [("feather p=3", 3.0), ("hard p=inf", math.inf)]:
 
@@ -51,7 +56,8 @@ def operator_rows(numel: int, repeats: int) -> list[str]:
             counter = CompileCounterWithBackend("inductor")
             compiled = torch.compile(op, backend=counter)
             torch.testing.assert_close(run(compiled, t), run(op, t))
-            ts = itertools.cycle([torch.tensor(x) for x in (0.5, 1.0, 1.5)])  # moving thresholds
+            # moving thresholds
+            ts = itertools.cycle([torch.tensor(x, device=device) for x in (0.5, 1.0, 1.5)])
             times = compare(
                 {
                     "copy": lambda: w.detach().clone(),
@@ -59,6 +65,7 @@ def operator_rows(numel: int, repeats: int) -> list[str]:
                     "compiled": lambda run=run, compiled=compiled: run(compiled, next(ts)),
                 },
                 repeats=repeats,
+                device=device,
             )
             ms = {k: v * 1e3 for k, v in times.items()}
             rows.append(
@@ -84,15 +91,21 @@ def cnn() -> nn.Module:
     )
 
 
-def train_step_rows(repeats: int) -> list[str]:
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(256, 1, 40, generator=g), torch.randint(0, 10, (256,), generator=g)
+def train_step_rows(name: str, repeats: int, device: torch.device) -> list[str]:
+    if name == "cnn":
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(256, 1, 40, generator=g), torch.randint(0, 10, (256,), generator=g)
+        build = cnn
+    else:
+        build, x, y = setup(name)
+    x, y = x.to(device), y.to(device)
     steps: dict[str, Callable[[], object]] = {}
     frames: dict[str, CompileCounterWithBackend] = {}
     torch._dynamo.reset()
     for variant in ("dense", "pruned"):
         for mode in ("eager", "compiled"):
-            model = cnn()
+            torch.manual_seed(0)
+            model = build().to(device)
             pruner = fs.Pruner(model, 0.9, total_steps=1) if variant == "pruned" else None
             if pruner is not None:
                 pruner.update(0.9)  # the final sparsity: every step does the full work
@@ -116,17 +129,17 @@ def train_step_rows(repeats: int) -> list[str]:
                     pruner.update(0.9)  # a new threshold every step, as in training
 
             steps[f"{variant} {mode}"] = step
-    times = compare(steps, repeats=repeats)
+    times = compare(steps, repeats=repeats, device=device)
     ms = {k: v * 1e3 for k, v in times.items()}
     rows = []
     for variant in ("dense", "pruned"):
         e, c = times[f"{variant} eager"], times[f"{variant} compiled"]
         rows.append(
-            f"| CNN train step, {variant} | | {ms[f'{variant} eager']:.1f} "
+            f"| {name} train step, {variant} | | {ms[f'{variant} eager']:.1f} "
             f"| {ms[f'{variant} compiled']:.1f} | {e / c:.2f}× | {frames[variant].frame_count} |"
         )
     pruned_cost = (
-        f"pruned / dense step: eager {times['pruned eager'] / times['dense eager']:.2f}×, "
+        f"{name}: pruned / dense step: eager {times['pruned eager'] / times['dense eager']:.2f}×, "
         f"compiled {times['pruned compiled'] / times['dense compiled']:.2f}×"
     )
     return [*rows, "", pruned_cost]
@@ -136,14 +149,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--numel", type=float, default=4.2, help="operator tensor, millions")
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--models", nargs="+", default=["cnn"], help="train-step models")
+    add_device_argument(parser)
     args = parser.parse_args()
-    print(f"# torch.compile (inductor, CPU) vs eager; {machine()}\n")
+    device = resolve_device(args.device)
+    print(f"# torch.compile (inductor) vs eager; {machine(device)}\n")
     print("| what | copy (ms) | eager (ms) | compiled (ms) | eager / compiled | frames compiled |")
     print("|---|---:|---:|---:|---:|---:|")
-    for row in operator_rows(round(args.numel * 1e6), args.repeats):
+    for row in operator_rows(round(args.numel * 1e6), args.repeats, device):
         print(row)
-    for row in train_step_rows(args.repeats):
-        print(row)
+    notes = []
+    for name in args.models:
+        rows = train_step_rows(name, args.repeats, device)
+        print("\n".join(rows[:-2]))
+        notes.append(rows[-1])
+    print("\n" + "\n".join(notes))
 
 
 if __name__ == "__main__":
