@@ -318,11 +318,11 @@ def _benchmark_commands() -> list[tuple[str, str, list[str]]]:
         text = (ROOT / page).read_text(encoding="utf-8")
         lines = [line for block in _code_blocks(text) for line in _shell_lines(block)]
         # Commands in tables and prose too: `benchmarks/bench_x.py --flag ...`.
-        lines += re.findall(r"`(?:\"\$PY\" )?(benchmarks/bench_\w+\.py[^`]*)`", text)
+        lines += re.findall(r"`(?:\"\$PY\" )?(benchmarks/(?:bench|profile)_\w+\.py[^`]*)`", text)
         for line in lines:
             words = _words(line)
             for i, word in enumerate(words):
-                if re.fullmatch(r"(?:\S*/)?bench_\w+\.py", word):
+                if re.fullmatch(r"(?:\S*/)?(?:bench|profile)_\w+\.py", word):
                     flags = [w for w in words[i + 1 :] if w not in ("done",)]
                     found.append((page, Path(word).name, flags))
     return found
