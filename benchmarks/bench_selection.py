@@ -63,16 +63,22 @@ def main() -> None:
     if args.ties is not None:
         ties(args.sizes, args.ties, s, args.repeats, device)
         return
-    # Where ours sorts one buffer (one process on a GPU), bucket narrowing, which it
-    # replaced there, is timed beside it.
+    # Where ours selects from one buffer (one process on a GPU), bucket narrowing,
+    # which it replaced there, and a sort of the whole buffer (its first version,
+    # before the window) are timed beside it.
     by_sort = device.type in selection.SORT_DEVICES
     print(f"# threshold selection at sparsity {s}; {machine(device)}\n")
     print(
         "| weights | sort quantile (ms) | cat+kthvalue (ms) | ours cold (ms) | ours warm (ms) "
         "| sort / cold | sort / warm | pruned count ours / sort-k |"
-        + (" bucket narrowing warm (ms) | bucket / ours warm |" if by_sort else "")
+        + (
+            " bucket narrowing warm (ms) | bucket / ours warm "
+            "| whole-buffer sort warm (ms) | whole / ours warm |"
+            if by_sort
+            else ""
+        )
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if by_sort else ""))
+    print("|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|---:|---:|---:|" if by_sort else ""))
     g = torch.Generator().manual_seed(0)
     for millions in args.sizes:
         n = round(millions * 1e6)
@@ -90,7 +96,16 @@ def main() -> None:
                 "cold": lambda: select_threshold(moved, s),
                 "warm": lambda: select_threshold(moved, s, hint=t_prev),
                 **(
-                    {"bucket": bucket_narrowing(lambda: select_threshold(moved, s, hint=t_prev))}
+                    {
+                        "bucket": patched(
+                            lambda: select_threshold(moved, s, hint=t_prev),
+                            SORT_DEVICES=frozenset(),
+                        ),
+                        "whole": patched(
+                            lambda: select_threshold(moved, s, hint=t_prev),
+                            WINDOW_MIN=float("inf"),
+                        ),
+                    }
                     if by_sort
                     else {}
                 ),
@@ -109,20 +124,28 @@ def main() -> None:
             f"| {ms['cold']:.1f} | {ms['warm']:.1f} "
             f"| {times['sort'] / times['cold']:.1f}× | {times['sort'] / times['warm']:.1f}× "
             f"| {c_ours:,} / {c_sort:,} |"
-            + (f" {ms['bucket']:.1f} | {times['bucket'] / times['warm']:.1f}× |" if by_sort else "")
+            + (
+                f" {ms['bucket']:.1f} | {times['bucket'] / times['warm']:.1f}× "
+                f"| {ms['whole']:.1f} | {times['whole'] / times['warm']:.1f}× |"
+                if by_sort
+                else ""
+            )
         )
 
 
-def bucket_narrowing(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """``fn`` run with the sort path off: bucket narrowing on every device."""
+def patched(fn: Callable[[], torch.Tensor], **settings: object) -> Callable[[], torch.Tensor]:
+    """``fn`` run with these module settings of ``selection`` (``SORT_DEVICES=frozenset()``:
+    bucket narrowing on every device; ``WINDOW_MIN=inf``: the sort path sorts everything)."""
 
     def run() -> torch.Tensor:
-        saved = selection.SORT_DEVICES
-        selection.SORT_DEVICES = frozenset()
+        saved = {name: getattr(selection, name) for name in settings}
+        for name, value in settings.items():
+            setattr(selection, name, value)
         try:
             return fn()
         finally:
-            selection.SORT_DEVICES = saved
+            for name, value in saved.items():
+                setattr(selection, name, value)
 
     return run
 

@@ -51,11 +51,14 @@ by chunk, never as a scaled copy of the weights). The FLOPs-biased global
 backbone ranks ``|w| / s_l`` this way (ST-3σ, Vanderschueren & De
 Vleeschouwer 2023).
 
-On a GPU, one process instead sorts one buffer of all the magnitudes
+On a GPU, one process instead writes all the magnitudes into one buffer
 (:data:`SORT_DEVICES`, up to :data:`SORT_MAX_BYTES`): bucket narrowing waits
 for the device once per chunk, and on an NVIDIA H200 it was ten times slower
-than a sort (one sort there is 4–10× faster; ``docs/benchmarks.md``). Both
-paths give the same value to the bit.
+than a sort (``docs/benchmarks.md``). A sorted sample of the buffer places a
+narrow window around rank ``k``, two comparisons count the magnitudes below
+and inside it (one wait for the device), and only the window is sorted; where
+the window misses (never a wrong value, see :func:`_kth_in_window`), the
+whole buffer is. Both paths give the same value to the bit.
 
 Ties: ``T`` is the k-th smallest magnitude *value*. When several weights share
 that magnitude, all of them satisfy ``|w| <= T``, so more than ``k`` weights
@@ -132,6 +135,12 @@ MAX_PASSES = 64
 # that); above, and across processes, bucket narrowing as everywhere.
 SORT_DEVICES = frozenset({"cuda"})
 SORT_MAX_BYTES = 1 << 30
+# The sort path sorts only a window around the k-th magnitude (see
+# _kth_in_window) when there are at least WINDOW_MIN magnitudes: a sample of
+# WINDOW_SAMPLE places it, and it holds at most one in WINDOW_MAX_SHARE of them.
+WINDOW_SAMPLE = 1 << 16
+WINDOW_MIN = 4 * WINDOW_SAMPLE
+WINDOW_MAX_SHARE = 16
 
 
 @dataclass
@@ -708,11 +717,12 @@ def _sort_select(
     stats: PassStats | None,
     scales: Sequence[float] | None,
 ) -> Tensor:
-    """The k-th smallest magnitude by sorting one buffer of all the magnitudes.
+    """The k-th smallest magnitude from one buffer of all the magnitudes.
 
     The magnitudes (``|w|·scale``, computed as every pass computes them) are
-    written into one buffer, tensor by tensor, and sorted: on a GPU one sort
-    of the whole buffer costs a fraction of bucket narrowing's per-chunk
+    written into one buffer, tensor by tensor; a window around rank ``k`` is
+    sorted (:func:`_kth_in_window`), or the whole buffer where the window
+    misses: on a GPU either costs a fraction of bucket narrowing's per-chunk
     kernels and host synchronisations. The same value as :func:`_select`'s
     other path, to the bit (NaN sorts last, above ``inf``: a ``k`` among NaNs
     is refused the same way).
@@ -730,10 +740,49 @@ def _sort_select(
         stats.abs_max = (
             torch.stack(maxima) if maxima else torch.zeros(0, dtype=dtype, device=device)
         )
+    value = _kth_in_window(mags, k)
+    if value is not None:
+        return value
     value = torch.sort(mags).values[k - 1]
     if torch.isnan(value):
         raise ValueError("the k-th magnitude is NaN: the weights contain NaN")
     return value
+
+
+def _kth_in_window(mags: Tensor, k: int) -> Tensor | None:
+    """The ``k``-th smallest of ``mags`` by sorting only a window around it, or
+    ``None`` where the window misses it (then the caller sorts everything).
+
+    A strided sample of :data:`WINDOW_SAMPLE` magnitudes, sorted, places the
+    window ``[lo, hi]`` a few standard deviations of the sample's quantile
+    either side of rank ``k``; two comparisons count the magnitudes below
+    ``lo`` (``a``) and inside (``m``), read back together (one wait for the
+    device), and if ``a < k <= a + m`` the answer is the ``(k − a)``-th of
+    the window's magnitudes, which are few. Exact whatever the sample: every
+    magnitude below ``lo`` is counted and every one in ``[lo, hi]`` kept, so
+    a bad sample can only make the window miss (``None``), never give a
+    wrong value. NaN compares false both ways: in neither count, as the sort
+    puts it last. A window holding more than one in :data:`WINDOW_MAX_SHARE`
+    of all magnitudes (a large tie) is left to the whole sort too.
+    """
+    n = mags.numel()
+    if n < WINDOW_MIN:
+        return None
+    sample = torch.sort(mags[:: n // WINDOW_SAMPLE]).values
+    s = sample.numel()
+    q = k / n
+    margin = 4.0 * math.sqrt(s * q * (1.0 - q)) + 16.0
+    i_lo, i_hi = math.floor(q * s - margin), math.ceil(q * s + margin)
+    if i_lo < 0 or i_hi >= s:  # the window would reach an end: no gain over one sort
+        return None
+    below = mags < sample[i_lo]
+    at_most_hi = mags <= sample[i_hi]  # a superset of `below`, since lo <= hi
+    a, b = torch.stack([below.sum(), at_most_hi.sum()]).tolist()
+    m = b - a
+    if not (a < k <= b and m * WINDOW_MAX_SHARE <= n):
+        return None
+    inside = mags[at_most_hi.logical_xor_(below)]
+    return torch.sort(inside).values[k - a - 1]
 
 
 def kth_magnitude(
