@@ -180,8 +180,9 @@ def test_the_window_gives_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_window_holds_the_answer_at_training_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At the real sample size (a window from 262,144 magnitudes on), the ranks a
-    training step asks for are found in the window, with the bits of bucket narrowing."""
+    """At the real sample size (the window taken from 262,144 magnitudes on here), the
+    ranks a training step asks for are found in the window, with the bits of bucket
+    narrowing."""
     hits = _windowed(monkeypatch, selection.WINDOW_SAMPLE, selection.WINDOW_MAX_SHARE)
     g = torch.Generator().manual_seed(3)
     tensors = [torch.randn(200_000, generator=g), torch.randn(300, 400, generator=g) * 3]
@@ -233,9 +234,10 @@ def test_the_window_skips_nans_and_refuses_a_rank_among_them(
 @pytest.mark.gpu
 def test_the_window_on_cuda_equals_bucket_narrowing_on_the_cpu() -> None:
     g = torch.Generator().manual_seed(6)
-    cpu = [torch.randn(1_000_000, generator=g), torch.randn(700, 700, generator=g) * 0.1]
+    cpu = [torch.randn(5_000_000, generator=g), torch.randn(700, 700, generator=g) * 0.1]
+    assert sum(t.numel() for t in cpu) >= selection.WINDOW_MIN  # the window is used
     cpu[0][:100_000] = 0.0625  # a tie
-    cpu[1][:5] = float("nan")
+    cpu[1][0, :5] = float("nan")
     cuda = [t.cuda() for t in cpu]
     for s in (0.1, 0.5, 0.9, 0.98, 0.999):
         t = select_threshold(cuda, s)
