@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 # Bump the suffix when what is cached changes, so stale caches are not read.
 MNIST1D_FILE = "mnist1d-v1.npz"
 _SHAPES = {"x": (4000, 40), "y": (4000,), "x_test": (1000, 40), "y_test": (1000,)}
+_DTYPES = {"x": np.float32, "y": np.int64, "x_test": np.float32, "y_test": np.int64}
 NUM_CLASSES = 10
 
 
@@ -71,6 +72,20 @@ def _read_cache(path: Path) -> dict[str, np.ndarray] | None:
     shapes = {key: a.shape for key, a in arrays.items()}
     if shapes != _SHAPES:
         logger.warning("ignoring MNIST-1D cache %s with shapes %s; regenerating", path, shapes)
+        return None
+    dtypes = {key: a.dtype for key, a in arrays.items()}
+    if any(dtypes[key] != np.dtype(d) for key, d in _DTYPES.items()):
+        # float64 samples would reach a float32 model, or float labels the loss
+        shown = {key: str(d) for key, d in dtypes.items()}
+        logger.warning("ignoring MNIST-1D cache %s with dtypes %s; regenerating", path, shown)
+        return None
+    labels = np.concatenate([arrays["y"], arrays["y_test"]])
+    if labels.min() < 0 or labels.max() >= NUM_CLASSES or not np.isfinite(arrays["x"]).all():
+        logger.warning(
+            "ignoring MNIST-1D cache %s: labels outside 0..%d or non-finite samples; regenerating",
+            path,
+            NUM_CLASSES - 1,
+        )
         return None
     return arrays
 
