@@ -309,3 +309,31 @@ def test_analysis_does_not_import_matplotlib() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="."
     )
     assert out.stdout.strip() == "False"
+
+
+def test_batch_independent_work_counts_its_share_of_the_batch() -> None:
+    """count_flops' documented contract for work that does not depend on the batch:
+    with input_shape (one sample) a learned query's projection counts all its rows,
+    with an example batch of B the rows divided by B, rounded down."""
+    from torch import nn
+
+    from feather_sparse.analysis.flops import count_flops
+
+    class Query(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.query = nn.Parameter(torch.randn(1, 6, 16))
+            self.project_query = nn.Linear(16, 16, bias=False)
+            self.project_input = nn.Linear(16, 16, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q = self.project_query(self.query).expand(x.shape[0], -1, -1)
+            return q @ self.project_input(x).transpose(1, 2)
+
+    model = Query()
+    alone = {layer.name: layer.uses for layer in count_flops(model, (5, 16)).layers}
+    batch = {
+        layer.name: layer.uses for layer in count_flops(model, example=torch.randn(4, 5, 16)).layers
+    }
+    assert alone == {"project_query": 6, "project_input": 5}
+    assert batch == {"project_query": 6 // 4, "project_input": 5}

@@ -211,7 +211,12 @@ def count_flops(
         input_shape: one sample's shape without the batch dimension,
             e.g. ``(3, 32, 32)``; a batch of one zero input is run.
         example: instead of ``input_shape``, a batch of real inputs (costs are
-            divided by its batch size).
+            divided by its batch size). Work that does not depend on the batch
+            (a learned query projected once per forward, shape ``(1, Q, d)``) is
+            shared by the batch's samples and so counts ``1/B`` of its uses
+            here, rounded down (a query of 6 rows with a batch of 4: 1 use a
+            sample, where one sample alone takes 6); ``input_shape`` gives the
+            cost of one sample alone.
 
     Returns:
         A :class:`FlopsReport` (MACs per sample; see the module docstring).
