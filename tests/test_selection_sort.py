@@ -39,6 +39,7 @@ def _cases() -> dict[str, list[torch.Tensor]]:
         "gaussian": [torch.randn(3000, generator=g), torch.randn(40, 50, generator=g)],
         "float64": [torch.randn(2000, generator=g, dtype=torch.float64), torch.randn(500)],
         "half": [torch.randn(3000, generator=g).half(), torch.randn(700, generator=g).bfloat16()],
+        "half-only": [torch.randn(2000, generator=g).half(), torch.randn(50, generator=g).half()],
         "subnormals-zeros-inf": [tiny, torch.randn(100, generator=g) * 1e-40],
         "huge-tie": [tie],
         "empty-beside": [torch.empty(0), torch.randn(100, generator=g), torch.empty(3, 0)],
@@ -71,6 +72,7 @@ def test_sort_select_gives_the_bits_of_bucket_narrowing(
         ), (name, k, by_sort, bucket)
         assert rs.abs_max is not None and bs.abs_max is not None
         assert torch.equal(rs.abs_max, bs.abs_max)
+        assert rs.abs_max.dtype == bs.abs_max.dtype  # the working dtype, as every pass
 
 
 def test_sort_select_with_scales_and_a_hint(monkeypatch: pytest.MonkeyPatch) -> None:
