@@ -18,6 +18,10 @@ from feather_sparse import selection
 from feather_sparse.selection import PassStats, kth_magnitude, select_threshold
 
 
+def _bits(t: torch.Tensor) -> list[int]:
+    return t.reshape(-1).view(torch.uint8).tolist()
+
+
 def both(
     monkeypatch: pytest.MonkeyPatch, tensors: list[torch.Tensor], k: int, **kwargs: object
 ) -> tuple[torch.Tensor, torch.Tensor, PassStats, PassStats]:
@@ -61,15 +65,16 @@ CASES = _cases()
 def test_sort_select_gives_the_bits_of_bucket_narrowing(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tensors = CASES[name]
-    n = sum(t.numel() for t in tensors)
-    for k in sorted({1, 2, n // 3, n // 2, n - 1, n} - {0}):
-        by_sort, bucket, rs, bs = both(monkeypatch, tensors, k)
+    n = sum(t.numel() for t in CASES[name])
+    check_ranks(monkeypatch, name, {1, 2, n // 3, n // 2, n - 1, n})
+
+
+def check_ranks(monkeypatch: pytest.MonkeyPatch, name: str, ranks: set[int]) -> None:
+    """The sort path gives bucket narrowing's value and PassStats for each rank of a case."""
+    for k in sorted(ranks - {0}):
+        by_sort, bucket, rs, bs = both(monkeypatch, CASES[name], k)
         assert by_sort.dtype == bucket.dtype and by_sort.device == bucket.device
-        assert (
-            by_sort.view(-1).view(torch.uint8).tolist()
-            == bucket.view(-1).view(torch.uint8).tolist()
-        ), (name, k, by_sort, bucket)
+        assert _bits(by_sort) == _bits(bucket), (name, k, by_sort, bucket)
         assert rs.abs_max is not None and bs.abs_max is not None
         assert torch.equal(rs.abs_max, bs.abs_max)
         assert rs.abs_max.dtype == bs.abs_max.dtype  # the working dtype, as every pass
@@ -141,10 +146,6 @@ def _windowed(monkeypatch: pytest.MonkeyPatch, sample: int, max_share: int = 2) 
     return hits
 
 
-def _bits(t: torch.Tensor) -> list[int]:
-    return t.reshape(-1).view(torch.uint8).tolist()
-
-
 @guard(
     "the exact threshold on a GPU sorted all the magnitudes: 0.5-0.8x the speed of one "
     "sort (an H100 and an H200), and 2.4 ms of a 50M-weight step's 4.5 ms pruner.step",
@@ -157,13 +158,8 @@ def test_the_window_gives_the_bits_of_bucket_narrowing(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hits = _windowed(monkeypatch, 256)  # a window from 1024 magnitudes on
-    tensors = CASES[name]
-    n = sum(t.numel() for t in tensors)
-    for k in sorted({1, 2, n // 10, n // 3, n // 2, 9 * n // 10, n - 1, n} - {0}):
-        by_sort, bucket, rs, bs = both(monkeypatch, tensors, k)
-        assert _bits(by_sort) == _bits(bucket), (name, k, by_sort, bucket)
-        assert rs.abs_max is not None and bs.abs_max is not None
-        assert torch.equal(rs.abs_max, bs.abs_max)
+    n = sum(t.numel() for t in CASES[name])
+    check_ranks(monkeypatch, name, {1, 2, n // 10, n // 3, n // 2, 9 * n // 10, n - 1, n})
     if name in ("gaussian", "float64", "half"):  # spread values: the middle ranks hit
         assert any(hits), hits
 
