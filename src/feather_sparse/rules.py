@@ -84,13 +84,12 @@ def check_theta(value: Any, allow_auto: bool = False) -> Any:
     """
     if allow_auto and value == "auto":
         return value
+    auto = " or 'auto'" if allow_auto else ""  # offered only where it is accepted
     if isinstance(value, str):
-        raise ValueError(f"theta must be a number in [0, 1] or 'auto', got {value!r}")
+        raise ValueError(f"theta must be a number in [0, 1]{auto}, got {value!r}")
     theta = _number("theta", value, "in [0, 1]")
     if not 0.0 <= theta <= 1.0:  # also rejects NaN
-        raise ValueError(
-            f"theta must be in [0, 1] (1 = plain STE, 0 = non-STE) or 'auto', got {theta}"
-        )
+        raise ValueError(f"theta must be in [0, 1] (1 = plain STE, 0 = non-STE){auto}, got {theta}")
     return theta
 
 

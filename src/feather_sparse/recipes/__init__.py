@@ -341,7 +341,12 @@ class TrainConfig:
                 raise ValueError(f"model must be a name or a table {{name, kwargs}}, got {model!r}")
             values["model"] = model["name"]
             if "model_kwargs" not in values:
-                kwargs = dict(model.get("kwargs") or {})
+                kwargs = model.get("kwargs") or {}
+                if not isinstance(kwargs, Mapping):
+                    raise ValueError(
+                        f"model's kwargs must be a table (e.g. {{width = 2}}), got {kwargs!r}"
+                    )
+                kwargs = dict(kwargs)
                 kwargs.pop("num_classes", None)
                 values["model_kwargs"] = kwargs
         return cls(**values)

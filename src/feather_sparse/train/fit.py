@@ -11,6 +11,8 @@ models that take it.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -40,14 +42,17 @@ def recipes_for(dataset: str | None) -> list[tuple[str, str]]:
 
 
 def _runs_on(model: nn.Module, shape: tuple[int, ...]) -> None:
-    """Run ``model`` forward on two zero samples of ``shape``, leaving it as it was.
+    """Run ``model`` forward on two zero samples of ``shape`` on its device, leaving it as it was.
 
     Evaluation mode (no batch statistics updated, no dropout) without
     gradients, inside a forked CPU random state: the check changes neither the
     model nor what a seeded run draws afterwards.
     """
+    # The device of its first parameter or buffer (the CPU for a model without any).
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    device = first.device if first is not None else None
     with evaluating(model), torch.random.fork_rng(devices=[]), torch.no_grad():
-        model(torch.zeros((2, *shape)))
+        model(torch.zeros((2, *shape), device=device))
 
 
 def models_taking(shape: tuple[int, ...], num_classes: int) -> list[str]:
