@@ -64,6 +64,10 @@ def test_there_are_mutant_modules() -> None:
         "m_anl",
         "m_mdl",
         "m_cli",
+        "m_cfg",
+        "m_xf",
+        "m_run",
+        "m_win",
     }
     assert expected <= set(MODULES)
 

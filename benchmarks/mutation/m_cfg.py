@@ -1,0 +1,303 @@
+"""Mutants of the training configuration: recipes, the value rules and the registry."""
+
+RECIPES = "src/feather_sparse/recipes/__init__.py"
+RULES = "src/feather_sparse/rules.py"
+REGISTRY = "src/feather_sparse/registry.py"
+TRAIN_CLI = "src/feather_sparse/cli/train.py"
+
+FILE = RECIPES
+# The test files that reach each module (grep on its names), the most specific first.
+_RECIPE_TESTS = [
+    "tests/test_train.py",
+    "tests/test_train_cli_checks.py",
+    "tests/test_nm_config.py",
+    "tests/test_methods.py",
+    "tests/test_run_metadata.py",
+    "tests/test_baselines.py",
+    "tests/test_faults.py",
+    "tests/test_nm_train.py",
+    "tests/test_docs.py",
+]
+_RULES_TESTS = [
+    "tests/test_ops.py",
+    "tests/test_pruner.py",
+    "tests/test_methods.py",
+    "tests/test_train.py",
+    "tests/test_train_cli_checks.py",
+    "tests/test_nm_config.py",
+    "tests/test_nm_shard_rule.py",
+    "tests/test_api_docstrings.py",
+]
+_REGISTRY_TESTS = [
+    "tests/test_registry.py",
+    "tests/test_schedules.py",
+    "tests/test_methods.py",
+    "tests/test_train.py",
+    "tests/test_train_cli_checks.py",
+    "tests/test_api_docstrings.py",
+]
+TESTS = _RECIPE_TESTS
+TIMEOUT = 420
+MUTATIONS = [
+    # ------------------------------------------------------------ registry.py
+    dict(
+        id="cf01",
+        file=REGISTRY,
+        tests=_REGISTRY_TESTS,
+        desc="_normalize: '_' and '-' no longer alike",
+        old='return name.strip().lower().replace("_", "-")',
+        new="return name.strip().lower()",
+    ),
+    dict(
+        id="cf02",
+        file=REGISTRY,
+        tests=_REGISTRY_TESTS,
+        desc="register: a second object under a taken name silently replaces the first",
+        old="            if key in self._items:\n",
+        new="            if False:\n",
+    ),
+    dict(
+        id="cf03",
+        file=REGISTRY,
+        tests=_REGISTRY_TESTS,
+        desc="names(): the normalized keys, not the registered spelling",
+        old="return sorted(self._display.values())",
+        new="return sorted(self._items)",
+    ),
+    dict(
+        id="cf04",
+        file=REGISTRY,
+        tests=_REGISTRY_TESTS,
+        desc="__contains__ without normalizing (exact key only)",
+        old="return isinstance(name, str) and self._normalize(name) in self._items",
+        new="return isinstance(name, str) and name in self._items",
+    ),
+    dict(
+        id="cf05",
+        file=REGISTRY,
+        tests=_REGISTRY_TESTS,
+        desc="get: unknown-name error without the list of choices",
+        old="f\"unknown {self.kind} {name_or_obj!r}; choose one of: {', '.join(self.names())}\"",
+        new='f"unknown {self.kind} {name_or_obj!r}"',
+    ),
+    # --------------------------------------------------------------- rules.py
+    dict(
+        id="cf06",
+        file=RULES,
+        tests=_RULES_TESTS,
+        desc="check_sparsity: S = 0 refused (0 < s)",
+        old="if not 0.0 <= s < 1.0:  # also rejects NaN",
+        new="if not 0.0 < s < 1.0:  # also rejects NaN",
+    ),
+    dict(
+        id="cf07",
+        file=RULES,
+        tests=_RULES_TESTS,
+        desc="check_sparsity: S = 1 accepted (s <= 1)",
+        old="if not 0.0 <= s < 1.0:  # also rejects NaN",
+        new="if not 0.0 <= s <= 1.0:  # also rejects NaN",
+    ),
+    dict(
+        id="cf08",
+        file=RULES,
+        tests=_RULES_TESTS,
+        desc="check_sparsity: NaN accepted (the range tested as s < 0 or s >= 1)",
+        old="if not 0.0 <= s < 1.0:  # also rejects NaN",
+        new="if s < 0.0 or s >= 1.0:",
+    ),
+    dict(
+        id="cf09",
+        file=RULES,
+        tests=_RULES_TESTS,
+        desc="_number: a bool taken for a number (True = 1)",
+        old="if isinstance(value, bool) or not isinstance(value, (int, float)):",
+        new="if not isinstance(value, (int, float)):",
+    ),
+    dict(
+        id="cf10",
+        file=RULES,
+        tests=_RULES_TESTS,
+        desc="check_sparsity: the field's name ignored in the message ('sparsity' always)",
+        old='s = _number(name, value, "in [0, 1)")',
+        new='s = _number(name, value, "in [0, 1)")\n    name = "sparsity"',
+    ),
+    dict(
+        id="cf11",
+        file=RULES,
+        tests=_RULES_TESTS,
+        desc="check_p: p = 1 (soft thresholding) refused (p > 1)",
+        old="if not p >= 1.0:  # also rejects NaN",
+        new="if not p > 1.0:  # also rejects NaN",
+    ),
+    dict(
+        id="cf12",
+        file=RULES,
+        tests=_RULES_TESTS,
+        desc="check_p: NaN accepted (p < 1 instead of not p >= 1)",
+        old="if not p >= 1.0:  # also rejects NaN",
+        new="if p < 1.0:",
+    ),
+    dict(
+        id="cf13",
+        file=RULES,
+        tests=_RULES_TESTS,
+        desc="check_theta: θ = 1 (plain STE) refused (theta < 1)",
+        old="if not 0.0 <= theta <= 1.0:  # also rejects NaN",
+        new="if not 0.0 <= theta < 1.0:  # also rejects NaN",
+    ),
+    dict(
+        id="cf14",
+        file=RULES,
+        tests=_RULES_TESTS,
+        desc="check_theta: θ = 0 (non-STE) refused (0 < theta)",
+        old="if not 0.0 <= theta <= 1.0:  # also rejects NaN",
+        new="if not 0.0 < theta <= 1.0:  # also rejects NaN",
+    ),
+    dict(
+        id="cf15",
+        file=RULES,
+        tests=_RULES_TESTS,
+        desc="check_theta: 'auto' accepted where allow_auto is False",
+        old='if allow_auto and value == "auto":',
+        new='if value == "auto":',
+    ),
+    dict(
+        id="cf16",
+        file=RULES,
+        tests=_RULES_TESTS,
+        desc="check_threshold: T = 0 refused (value <= 0)",
+        old="    if value < 0:\n",
+        new="    if value <= 0:\n",
+    ),
+    dict(
+        id="cf17",
+        file=RULES,
+        tests=_RULES_TESTS,
+        desc="check_threshold: T = inf accepted (only NaN refused)",
+        old="if math.isnan(value) or math.isinf(value):",
+        new="if math.isnan(value):",
+    ),
+    # ------------------------------------------------------- recipes/__init__.py
+    dict(
+        id="cf18",
+        desc="load_config: the recipe's values win over the overrides",
+        old="    values.update(extra)\n    return TrainConfig.from_dict(values)",
+        new="    values = {**extra, **values}\n    return TrainConfig.from_dict(values)",
+    ),
+    dict(
+        id="cf19",
+        desc="load_config: a sparsity that contradicts the pattern given with it not refused",
+        old="    _check_pattern_sparsity(extra)\n",
+        new="",
+    ),
+    dict(
+        id="cf20",
+        desc="load_recipe: the file's stem replaces the recipe's own `recipe` label",
+        old='values.setdefault("recipe", path.stem)',
+        new='values["recipe"] = path.stem',
+    ),
+    dict(
+        id="cf21",
+        desc="recipe_path: a path with a folder part but no .toml suffix taken for a recipe name",
+        old='if path.suffix == ".toml" or path.parent != Path("."):',
+        new='if path.suffix == ".toml":',
+    ),
+    dict(
+        id="cf22",
+        desc="TrainConfig.replace: unknown field not checked (dataclasses' TypeError)",
+        old="        _check_keys(overrides)\n        return dataclasses.replace(self, **overrides)",
+        new="        return dataclasses.replace(self, **overrides)",
+    ),
+    dict(
+        id="cf23",
+        desc="from_record: any one legacy default (not all three) read as unset",
+        old="if all(values.get(k) == v for k, v in _LEGACY_METHOD_DEFAULTS.items()):",
+        new="if any(values.get(k) == v for k, v in _LEGACY_METHOD_DEFAULTS.items()):",
+    ),
+    dict(
+        id="cf24",
+        desc="from_dict: a model table's kwargs replace the given model_kwargs",
+        old='            if "model_kwargs" not in values:\n',
+        new="            if True:\n",
+    ),
+    dict(
+        id="cf25",
+        desc="bool from a string: 'false'/'no'/'off'/'0' read as true",
+        old="return value.strip().lower() in _TRUE\n",
+        new="return value.strip().lower() in _TRUE + _FALSE\n",
+    ),
+    dict(
+        id="cf26",
+        desc="int field: a float truncated (2.5 -> 2) instead of refused",
+        old="        if isinstance(value, int):\n            return value\n",
+        new="        if isinstance(value, (int, float)):\n            return int(value)\n",
+    ),
+    dict(
+        id="cf27",
+        desc="float field: NaN accepted",
+        old="        if math.isnan(result):\n            raise ValueError(value)\n",
+        new="",
+    ),
+    dict(
+        id="cf28",
+        desc="list field from a string: a TOML array '[...]' split at commas",
+        old='            if text.startswith("["):\n',
+        new="            if False:\n",
+    ),
+    dict(
+        id="cf29",
+        desc="parse_override: dashes in the key not read as underscores",
+        old='key = key.strip().replace("-", "_")',
+        new="key = key.strip()",
+    ),
+    dict(
+        id="cf30",
+        desc="parse_override: split at the last '=' (a value holding '=' breaks)",
+        old='key, sep, value = text.partition("=")',
+        new='key, sep, value = text.rpartition("=")',
+    ),
+    dict(
+        id="cf31",
+        desc="_check: min_lr = lr refused (>= instead of >)",
+        old="if self.min_lr > self.lr:",
+        new="if self.min_lr >= self.lr:",
+    ),
+    dict(
+        id="cf32",
+        desc="_check: momentum = 1 accepted (<= 1)",
+        old="if not 0.0 <= self.momentum < 1.0:",
+        new="if not 0.0 <= self.momentum <= 1.0:",
+    ),
+    dict(
+        id="cf33",
+        desc="_check: warm-up over every epoch refused (>= instead of >)",
+        old="if self.warmup_epochs > self.epochs:",
+        new="if self.warmup_epochs >= self.epochs:",
+    ),
+    dict(
+        id="cf34",
+        desc="_check: grad_clip = 0 accepted (< 0 refused only)",
+        old="if self.grad_clip is not None and not self.grad_clip > 0:",
+        new="if self.grad_clip is not None and self.grad_clip < 0:",
+    ),
+    dict(
+        id="cf35",
+        desc="_check: schedule_start = schedule_end refused (strict <)",
+        old="if not 0.0 <= self.schedule_start <= self.schedule_end <= 1.0:",
+        new="if not 0.0 <= self.schedule_start < self.schedule_end <= 1.0:",
+    ),
+    dict(
+        id="cf36",
+        desc="_check: max_layer_sparsity not checked",
+        old='            check_sparsity(self.max_layer_sparsity, "max_layer_sparsity")\n',
+        new="            pass\n",
+    ),
+    dict(
+        id="cf37",
+        file=TRAIN_CLI,
+        tests=["tests/test_train_cli_checks.py", "tests/test_train.py", "tests/test_cli.py"],
+        desc="--print-config: floats written with 6 significant digits (:g), not repr",
+        old="        return repr(value)\n",
+        new='        return f"{value:g}"\n',
+    ),
+]
