@@ -41,6 +41,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import struct
 import tempfile
 from collections.abc import Mapping
@@ -235,9 +236,16 @@ def _os_error(err: OSError, path: Path, action: str) -> OSError:
     return out
 
 
-# Temporary files are named ".<target>.<pid>.<random>.tmp" beside the target, so
-# that the rename is atomic and a later write can tell the leftovers of a killed
-# writer (its pid is gone) from a concurrent writer's file.
+# Temporary files are named ".<target>.<pid>-<host>.<random>.tmp" beside the
+# target, so that the rename is atomic and a later write can tell the leftovers
+# of a killed writer (its pid is gone) from a concurrent writer's file. <host>
+# is a tag of the writer's host name: a folder shared between machines (a
+# network file system) holds files of writers whose pids mean nothing here,
+# and those are never removed from another host. Files named before the tag
+# (".<target>.<pid>.<random>.tmp") are taken as this host's.
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
 def _pid_alive(pid: int) -> bool:
     if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
         return False
@@ -250,8 +258,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _remove_if_writer_gone(stale: Path, pid: str) -> None:
-    """Remove the temporary file ``stale`` unless its writer ``pid`` is this or a live process."""
+def _remove_if_writer_gone(stale: Path, writer: str) -> None:
+    """Remove the temporary file ``stale`` unless its writer (``<pid>-<host>`` or a
+    bare ``<pid>``) is this process, a live one, or one on another host."""
+    pid, _, host = writer.partition("-")
+    if host and host != _HOST:  # another machine's writer: its pid means nothing here
+        return
     if pid.isdigit() and (int(pid) == os.getpid() or _pid_alive(int(pid))):
         return
     with contextlib.suppress(OSError):
@@ -280,7 +292,7 @@ def remove_stale_temps_in(folder: Path) -> None:
     run folder, say) are kept.
     """
     for stale in folder.glob(".*.tmp") if folder.is_dir() else ():
-        parts = stale.name.split(".")  # "", <target...>, <pid>, <random>, "tmp"
+        parts = stale.name.split(".")  # "", <target...>, <pid>-<host>, <random>, "tmp"
         _remove_if_writer_gone(stale, parts[-3] if len(parts) >= 5 else "")
 
 
@@ -294,7 +306,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _temp_in(folder: Path, name: str) -> tuple[int, str]:
-    return tempfile.mkstemp(dir=folder, prefix=f".{name}.{os.getpid()}.", suffix=".tmp")
+    return tempfile.mkstemp(dir=folder, prefix=f".{name}.{os.getpid()}-{_HOST}.", suffix=".tmp")
 
 
 def _write_file(fd: int, data: bytes) -> None:
