@@ -4,6 +4,7 @@ and their resumption."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from feather_sparse import cli
+from feather_sparse.bench.runner import RunOutcome
 from feather_sparse.recipes import TrainConfig, load_config
 from feather_sparse.train import CHECKPOINT_FORMAT, TrainResult, load_checkpoint, train
 
@@ -206,3 +208,26 @@ def quiet_trainer(callbacks: list[Any], **kwargs: Any) -> Any:
         **kwargs,
     }
     return pl.Trainer(callbacks=callbacks, **options)
+
+
+def write_stability_runs(
+    folder: Path,
+    pearson: dict[tuple[str, float], list[tuple[float, ...]]],
+    epochs: tuple[int, ...],
+) -> Path:
+    """Finished runs of ``bench stability`` under ``folder/runs`` and their index
+    ``folder/stability.json``: for each (group, sparsity), one run per seed whose
+    mask-stability Pearson values at ``epochs`` are the given tuple. Returns the runs folder."""
+    runs = folder / "runs"
+    raw = []
+    for (group, x), per_seed in pearson.items():
+        for seed, values in enumerate(per_seed):
+            key = f"{group}-{x}-{seed}".replace(" ", "")
+            outcome = RunOutcome(
+                key=key, config={}, ok=True, stability_epochs=epochs, stability_pearson=values
+            )
+            (runs / key).mkdir(parents=True)
+            (runs / key / "result.json").write_text(json.dumps(outcome.to_json()))
+            raw.append({"group": group, "x": x, "seed": seed, "key": key, "ok": True})
+    (folder / "stability.json").write_text(json.dumps(raw))
+    return runs

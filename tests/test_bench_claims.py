@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import write_stability_runs
 from feather_sparse import cli
 from feather_sparse.bench.claims import assess_claims
-from feather_sparse.bench.runner import RunOutcome
 
 
 def _page(out: Path, name: str, rows: dict[tuple[str, float], list[float]]) -> None:
@@ -55,22 +55,12 @@ def test_one_seed_is_not_measured_and_p_pairs_come_from_the_page(tmp_path: Path)
 
 
 def test_stability_claim_reads_the_runs(tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
-    raw = []
-    for theta, r_half in (("θ = 0", (0.9, 0.92, 0.91)), ("θ = 1", (0.5, 0.55, 0.52))):
-        for seed, r in enumerate(r_half):
-            key = f"{theta}-{seed}".replace(" ", "")
-            outcome = RunOutcome(
-                key=key,
-                config={},
-                ok=True,
-                stability_epochs=(1, 2, 3, 4),
-                stability_pearson=(0.1, r, 0.95, 1.0),
-            )
-            (runs / key).mkdir(parents=True)
-            (runs / key / "result.json").write_text(json.dumps(outcome.to_json()))
-            raw.append({"group": theta, "x": 0.98, "seed": seed, "key": key, "ok": True})
-    (tmp_path / "stability.json").write_text(json.dumps(raw))
+    halves = (("θ = 0", (0.9, 0.92, 0.91)), ("θ = 1", (0.5, 0.55, 0.52)))
+    runs = write_stability_runs(
+        tmp_path,
+        {(theta, 0.98): [(0.1, r, 0.95, 1.0) for r in r_half] for theta, r_half in halves},
+        epochs=(1, 2, 3, 4),
+    )
     claim = "the mask is more stable as θ falls (θ = 0 above θ = 1)"
     assert _verdicts(tmp_path, runs)[claim] == "reproduced"
     assert _verdicts(tmp_path, tmp_path / "elsewhere")[claim] == "not measured"
@@ -89,24 +79,16 @@ def test_cli_writes_the_claims_page(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_stability_claim_pairs_runs_at_the_same_sparsity(tmp_path: Path) -> None:
     # `bench stability --sparsities 0.9,0.98`: one cell per sparsity, seeds paired within it
-    runs = tmp_path / "runs"
-    raw = []
     halves = {0.9: {"θ = 0": 0.9, "θ = 1": 0.5}, 0.98: {"θ = 0": 0.2, "θ = 1": 0.6}}
-    for x, rows in halves.items():
-        for theta, r in rows.items():
-            for seed in range(3):
-                key = f"{theta}-{x}-{seed}".replace(" ", "")
-                outcome = RunOutcome(
-                    key=key,
-                    config={},
-                    ok=True,
-                    stability_epochs=(1, 2, 3, 4),
-                    stability_pearson=(0.1, r + 0.01 * seed, 0.95, 1.0),
-                )
-                (runs / key).mkdir(parents=True)
-                (runs / key / "result.json").write_text(json.dumps(outcome.to_json()))
-                raw.append({"group": theta, "x": x, "seed": seed, "key": key, "ok": True})
-    (tmp_path / "stability.json").write_text(json.dumps(raw))
+    runs = write_stability_runs(
+        tmp_path,
+        {
+            (theta, x): [(0.1, r + 0.01 * seed, 0.95, 1.0) for seed in range(3)]
+            for x, rows in halves.items()
+            for theta, r in rows.items()
+        },
+        epochs=(1, 2, 3, 4),
+    )
     (result,) = [r for r in assess_claims(tmp_path, runs) if "mask" in r.claim]
     assert [(c.x, c.diff.verdict) for c in result.comparisons] == [(0.9, "win"), (0.98, "loss")]
     assert result.verdict == "not reproduced"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import write_stability_runs
 from feather_sparse.bench.claims import ClaimResult, assess_claims, claims_page
 from feather_sparse.bench.experiments.nm import _ranking_note
 from feather_sparse.bench.options import BenchOptions
@@ -201,24 +202,16 @@ def test_mask_stability_is_read_halfway_through_the_epochs_not_the_measurements(
 ) -> None:
     """st29: measured at epochs 2, 4, 6, 8, "50 % of training" is epoch 4 (not the 2nd
     of four measurements' half, epoch 2)."""
-    runs = tmp_path / "runs"
-    raw = []
     # θ = 0 is far more stable at epoch 4, far less at epoch 2
     at = {"θ = 0": {2: 0.1, 4: 0.9}, "θ = 1": {2: 0.8, 4: 0.5}}
-    for theta, r in at.items():
-        for seed in range(3):
-            key = f"{theta}-{seed}".replace(" ", "")
-            o = RunOutcome(
-                key=key,
-                config={},
-                ok=True,
-                stability_epochs=(2, 4, 6, 8),
-                stability_pearson=(r[2] + 0.01 * seed, r[4] + 0.02 * seed, 0.95, 1.0),
-            )
-            (runs / key).mkdir(parents=True)
-            (runs / key / "result.json").write_text(json.dumps(o.to_json()))
-            raw.append({"group": theta, "x": 0.9, "seed": seed, "key": key, "ok": True})
-    (tmp_path / "stability.json").write_text(json.dumps(raw))
+    runs = write_stability_runs(
+        tmp_path,
+        {
+            (theta, 0.9): [(r[2] + 0.01 * seed, r[4] + 0.02 * seed, 0.95, 1.0) for seed in range(3)]
+            for theta, r in at.items()
+        },
+        epochs=(2, 4, 6, 8),
+    )
     result = claim(tmp_path, "the mask is more stable as θ falls (θ = 0 above θ = 1)", runs)
     (cell,) = result.comparisons
     assert cell.diff.mean == pytest.approx(0.4)
