@@ -17,8 +17,6 @@ whether that is what the Pruner adds.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -27,7 +25,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import feather_sparse as fs
-from _timing import add_device_argument, machine, resolve_device
+from _timing import add_device_argument, compare, machine, resolve_device
 from bench_train_step import setup
 
 PHASES = ("forward", "backward", "optimizer", "pruner.step")
@@ -59,26 +57,11 @@ def phases(
 def time_phases(
     variants: dict[str, dict[str, Callable[[], object]]], repeats: int, device: torch.device
 ) -> dict[str, dict[str, float]]:
-    """Median seconds of each phase of each variant; the variants' steps interleave."""
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    for _ in range(2):  # warm-up
-        for fns in variants.values():
-            for fn in fns.values():
-                fn()
-    times = {v: {p: [] for p in PHASES} for v in variants}  # type: dict[str, dict[str, list[float]]]
-    for _ in range(repeats):
-        for v, fns in variants.items():
-            for p in PHASES:
-                sync()
-                start = time.perf_counter()
-                fns[p]()
-                sync()
-                times[v][p].append(time.perf_counter() - start)
-    return {v: {p: statistics.median(ts) for p, ts in ps.items()} for v, ps in times.items()}
+    """Median seconds of each phase of each variant; the variants' steps interleave
+    (``compare`` runs the functions in order, so each variant's phases make a step)."""
+    flat = {f"{v}/{p}": fn for v, fns in variants.items() for p, fn in fns.items()}
+    times = compare(flat, repeats=repeats, device=device)
+    return {v: {p: times[f"{v}/{p}"] for p in PHASES} for v in variants}
 
 
 def profile_rows(
