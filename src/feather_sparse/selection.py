@@ -139,7 +139,8 @@ SORT_MAX_BYTES = 1 << 30
 # _kth_in_window) when there are at least WINDOW_MIN magnitudes: a sample of
 # WINDOW_SAMPLE places it, and it holds at most one in WINDOW_MAX_SHARE of them.
 # On an H100 the window took 1.1x the time of the whole sort at 1.1M
-# magnitudes, 0.8x at 25.6M and 0.6x at 100M (docs/benchmarks.md).
+# magnitudes, 0.8-0.9x at 25.6M and 0.6-0.7x at 100M (two runs,
+# docs/benchmarks.md).
 WINDOW_SAMPLE = 1 << 16
 WINDOW_MIN = 1 << 22
 WINDOW_MAX_SHARE = 16
