@@ -11,6 +11,7 @@ models that take it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import torch
@@ -41,18 +42,48 @@ def recipes_for(dataset: str | None) -> list[tuple[str, str]]:
     return found
 
 
+def _has_random_state(kind: str) -> bool:
+    """Whether torch can read and restore the random state of devices of type ``kind``."""
+    try:
+        module = torch.get_device_module(kind)
+    except (RuntimeError, ValueError, AttributeError):  # no module registered for it
+        return False
+    return hasattr(module, "get_rng_state") and hasattr(module, "set_rng_state")
+
+
+def _rng_devices(model: nn.Module) -> dict[str, list[int]]:
+    """The accelerator devices ``model``'s parameters and buffers are on, by type.
+
+    ``{"cuda": [0, 1]}`` for a model spread over two GPUs; empty for a model on
+    the CPU (or the ``meta`` device), whose random state needs no device fork.
+    A device type whose random state torch cannot restore is left out.
+    """
+    found: dict[str, set[int]] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        kind = t.device.type
+        if kind not in ("cpu", "meta") and _has_random_state(kind):
+            found.setdefault(kind, set()).add(t.device.index if t.device.index is not None else 0)
+    return {kind: sorted(indices) for kind, indices in sorted(found.items())}
+
+
 def _runs_on(model: nn.Module, shape: tuple[int, ...]) -> None:
     """Run ``model`` forward on two zero samples of ``shape`` on its device, leaving it as it was.
 
     Evaluation mode (no batch statistics updated, no dropout) without
-    gradients, inside a forked CPU random state: the check changes neither the
-    model nor what a seeded run draws afterwards.
+    gradients, inside a forked random state (the CPU's, and that of every
+    accelerator the model is on): the check changes neither the model nor what
+    a seeded run draws afterwards, even for a model that draws random numbers
+    in evaluation mode.
     """
     # The device of its first parameter or buffer (the CPU for a model without any).
     first = next(itertools.chain(model.parameters(), model.buffers()), None)
     device = first.device if first is not None else None
-    with evaluating(model), torch.random.fork_rng(devices=[]), torch.no_grad():
-        model(torch.zeros((2, *shape), device=device))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.random.fork_rng(devices=[]))  # the CPU's
+        for kind, indices in _rng_devices(model).items():
+            stack.enter_context(torch.random.fork_rng(devices=indices, device_type=kind))
+        with evaluating(model), torch.no_grad():
+            model(torch.zeros((2, *shape), device=device))
 
 
 def models_taking(shape: tuple[int, ...], num_classes: int) -> list[str]:
