@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -549,6 +550,10 @@ def _fire_ddp_hook(ddp: Any, index: int, param: Tensor) -> None:
     ddp.reducer._autograd_hook(index)
 
 
+#: Per weight: the (DDP wrapper's id, reducer index) pairs :func:`reconnect_ddp` hooked.
+_HOOKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
 def reconnect_ddp(indices: DDPIndices, params: Sequence[Tensor]) -> None:
     """Reconnect DDP's gradient hooks to weights that a parametrization has re-set.
 
@@ -558,7 +563,10 @@ def reconnect_ddp(indices: DDPIndices, params: Sequence[Tensor]) -> None:
     would never fire for these weights. Hooks registered on the tensor itself
     (``register_post_accumulate_grad_hook``) survive such resets; each tells
     the reducer that the weight's gradient is ready, as DDP does for its own
-    mixed-precision parameters.
+    mixed-precision parameters. They outlive the Pruner (``remove``,
+    ``finalize``), so a weight is hooked once per wrapper and index: a later
+    Pruner finds the hook in place (a second one would tell the reducer twice,
+    which stops the backward).
 
     Args:
         indices: what :func:`ddp_reducer_indices` found before the parametrization
@@ -569,4 +577,8 @@ def reconnect_ddp(indices: DDPIndices, params: Sequence[Tensor]) -> None:
         for p in params:
             i = index.get(id(p))
             if i is not None:
+                hooked = _HOOKED.setdefault(p, set())
+                if (id(ddp), i) in hooked:  # an earlier Pruner's hook, still on the weight
+                    continue
+                hooked.add((id(ddp), i))  # the hook holds ddp: its id stays unique
                 p.register_post_accumulate_grad_hook(functools.partial(_fire_ddp_hook, ddp, i))
