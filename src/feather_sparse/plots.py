@@ -1,10 +1,10 @@
 """Figures of the analysis dataclasses (matplotlib, Agg, imported lazily).
 
-Each function draws one :mod:`feather_sparse.analysis` result into a PNG and
-returns its path. Matplotlib is an optional dependency (``feather-sparse[train]``)
-imported only when a figure is drawn; the figures are built with the
-object-oriented API on an Agg canvas, so no global pyplot state or GUI
-backend is touched and drawing works on a headless machine.
+Each function draws one :mod:`feather_sparse.analysis` result into a PNG (its
+folder created when missing) and returns its path. Matplotlib is an optional
+dependency (``feather-sparse[train]``) imported only when a figure is drawn; the
+figures are built with the object-oriented API on an Agg canvas, so no global
+pyplot state or GUI backend is touched and drawing works on a headless machine.
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ __all__ = [
     "plot_operator_family",
     "plot_panels",
     "plot_stability",
+    "require_matplotlib",
 ]
 
 #: Pixels per inch of the saved PNGs.
 DPI = 120
 
 
-def _figure(width: float = 6.4, height: float = 4.2) -> tuple[Any, Any]:
-    """A new ``(figure, axes)`` on an Agg canvas, without pyplot."""
+def _agg() -> tuple[Any, Any]:
+    """matplotlib's ``(FigureCanvasAgg, Figure)``, or an ImportError naming what to install."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -40,8 +41,26 @@ def _figure(width: float = 6.4, height: float = 4.2) -> tuple[Any, Any]:
         raise ImportError(
             f"plots need matplotlib ({err}); install it with: pip install 'feather-sparse[train]'"
         ) from err
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
+    return FigureCanvasAgg, Figure
+
+
+def require_matplotlib() -> None:
+    """Raise the ImportError a figure would raise, before any work that ends in one.
+
+    ``feather-sparse bench`` calls it before training its runs, so that a
+    missing matplotlib stops it at once rather than after the last run.
+
+    Raises:
+        ImportError: when matplotlib cannot be imported; the message names the install.
+    """
+    _agg()
+
+
+def _figure(width: float = 6.4, height: float = 4.2) -> tuple[Any, Any]:
+    """A new ``(figure, axes)`` on an Agg canvas, without pyplot."""
+    canvas, figure = _agg()
+    fig = figure(figsize=(width, height), layout="constrained")
+    canvas(fig)
     return fig, fig.add_subplot()
 
 
@@ -220,6 +239,42 @@ def plot_stability(
     return _save(fig, path)
 
 
+def _same_layers(items: Sequence[tuple[str, Any]]) -> list[str]:
+    """The layer names of the first labelled result; ValueError if another lists others."""
+    names = [r.name for r in items[0][1].layers]
+    for label, result in items[1:]:
+        if [r.name for r in result.layers] != names:
+            raise ValueError(f"{label!r} lists other layers than {items[0][0]!r}")
+    return names
+
+
+def _layer_bars(
+    names: Sequence[str],
+    bars: Sequence[tuple[str, Sequence[float]]],
+    path: str | os.PathLike[str],
+    *,
+    ylabel: str,
+    title: str | None,
+    ylim: tuple[float, float] | None = None,
+) -> Path:
+    """Grouped bars, one group per layer of ``names``, one bar per ``(legend, values)``."""
+    fig, ax = _figure(width=max(6.4, 0.45 * len(names) * max(1, len(bars)) / 2 + 2))
+    width = 0.8 / len(bars)
+    for i, (legend, values) in enumerate(bars):
+        xs = [j + (i - (len(bars) - 1) / 2) * width for j in range(len(names))]
+        ax.bar(xs, list(values), width=width, label=legend)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=60, ha="right", fontsize="small")
+    ax.set_ylabel(ylabel)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    if title:
+        ax.set_title(title)
+    ax.grid(True, axis="y", alpha=0.3)
+    _legend(ax)
+    return _save(fig, path)
+
+
 def plot_layer_sparsity(
     distributions: Mapping[str, SparsityDistribution],
     path: str | os.PathLike[str],
@@ -242,24 +297,9 @@ def plot_layer_sparsity(
     items = list(distributions.items())
     if not items:
         raise ValueError("nothing to plot: no sparsity distribution given")
-    names = [r.name for r in items[0][1].layers]
-    for label, dist in items[1:]:
-        if [r.name for r in dist.layers] != names:
-            raise ValueError(f"{label!r} lists other layers than {items[0][0]!r}")
-    fig, ax = _figure(width=max(6.4, 0.45 * len(names) * max(1, len(items)) / 2 + 2))
-    width = 0.8 / len(items)
-    for i, (label, dist) in enumerate(items):
-        xs = [j + (i - (len(items) - 1) / 2) * width for j in range(len(names))]
-        ax.bar(xs, [100 * r.sparsity for r in dist.layers], width=width, label=label)
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names, rotation=60, ha="right", fontsize="small")
-    ax.set_ylabel("layer sparsity (%)")
-    ax.set_ylim(0, 100)
-    if title:
-        ax.set_title(title)
-    ax.grid(True, axis="y", alpha=0.3)
-    _legend(ax)
-    return _save(fig, path)
+    names = _same_layers(items)
+    bars = [(label, [100 * r.sparsity for r in d.layers]) for label, d in items]
+    return _layer_bars(names, bars, path, ylabel="layer sparsity (%)", title=title, ylim=(0, 100))
 
 
 def plot_flops(
@@ -268,10 +308,10 @@ def plot_flops(
     *,
     title: str | None = None,
 ) -> Path:
-    """Grouped bars of each layer's sparse MFLOPs (MACs) under each labelled model.
+    """Grouped bars of each layer's sparse MFLOPs (MACs) under each labelled model (same layers).
 
     Args:
-        reports: the FLOPs report of each model, by label.
+        reports: the FLOPs report of each model, by label (same layers in each).
         path: the PNG to write.
         title: figure title.
 
@@ -279,30 +319,17 @@ def plot_flops(
         The path written.
 
     Raises:
-        ValueError: for no report.
+        ValueError: for no report, or reports over different layers.
     """
     items = list(reports.items())
     if not items:
         raise ValueError("nothing to plot: no FLOPs report given")
-    names = [r.name for r in items[0][1].layers]
-    fig, ax = _figure(width=max(6.4, 0.45 * len(names) * max(1, len(items)) / 2 + 2))
-    width = 0.8 / len(items)
-    for i, (label, report) in enumerate(items):
-        xs = [j + (i - (len(items) - 1) / 2) * width for j in range(len(names))]
-        ax.bar(
-            xs,
-            [r.sparse_macs / 1e6 for r in report.layers],
-            width=width,
-            label=f"{label} ({report.sparse_macs / 1e6:.3g} M total)",
-        )
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names, rotation=60, ha="right", fontsize="small")
-    ax.set_ylabel("MFLOPs per sample (MACs)")
-    if title:
-        ax.set_title(title)
-    ax.grid(True, axis="y", alpha=0.3)
-    _legend(ax)
-    return _save(fig, path)
+    names = _same_layers(items)
+    bars = [
+        (f"{label} ({r.sparse_macs / 1e6:.3g} M total)", [x.sparse_macs / 1e6 for x in r.layers])
+        for label, r in items
+    ]
+    return _layer_bars(names, bars, path, ylabel="MFLOPs per sample (MACs)", title=title)
 
 
 def plot_operator_family(

@@ -11,6 +11,7 @@ from feather_sparse.bench.experiments import EXPERIMENTS, Experiment
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, record_session, write_page
 from feather_sparse.bench.runner import ProgressFn, RunOutcome, RunSpec, StopFn, execute_runs
+from feather_sparse.plots import require_matplotlib
 
 __all__ = ["ExperimentResult", "plan_experiments", "run_experiment", "train_experiments"]
 
@@ -49,9 +50,14 @@ def train_experiments(
         opts: the bench options.
         on_progress: called after each run trained (see :func:`execute_runs`).
         attempted: outcomes of runs already trained by this command (read and added to).
+
+    Raises:
+        ImportError: when matplotlib is missing (the pages' figures need it),
+            before any run trains.
     """
     specs = plan_experiments(names, opts)
     experiments = [EXPERIMENTS.get(n).name for n in names]
+    require_matplotlib()  # the pages' figures: fail now, not after the last run
     _, trained, elapsed = execute_runs(
         opts, specs, on_progress, attempted, _log_stopped(opts.out, experiments)
     )
@@ -125,6 +131,8 @@ def run_experiment(
         ValueError: for an unknown experiment, method, model or data set, an
             override of a field the experiment varies, or a ``pool`` without
             ``attempted`` (the page could not tell the pool's runs from reused ones).
+        ImportError: when matplotlib is missing (the page's figures need it),
+            before any run trains.
     """
     experiment: Experiment = EXPERIMENTS.get(name)
     if pool is not None and attempted is None:
@@ -135,6 +143,7 @@ def run_experiment(
     started = time.perf_counter()
     opts = opts.for_experiment(experiment.name)
     specs = plan_experiments([experiment], opts)
+    require_matplotlib()  # its page's figures: fail now, not after the last run
     before = set(attempted or ())  # the runs this command trained before this call
     pairs, trained, elapsed = execute_runs(
         opts, specs, on_progress, attempted, _log_stopped(opts.out, [experiment.name])

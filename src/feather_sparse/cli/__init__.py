@@ -115,9 +115,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return int(run(args.command, args))
     except BrokenPipeError:
         raise  # the reader of stdout went away: no error of the command (see main)
-    except (ValueError, OSError, RuntimeError) as err:
+    except (ValueError, OSError, RuntimeError, ImportError) as err:
         # Bad input, a damaged file (IntegrityError), a full disk or read-only folder
-        # (DiskFullError, NotWritableError), a missing path: one line, not a
+        # (DiskFullError, NotWritableError), a missing path, a missing optional
+        # dependency (its message names the extra to install): one line, not a
         # traceback, for every command; -vv shows the trace.
         if args.verbose >= 2:
             raise

@@ -27,6 +27,7 @@ from feather_sparse.bench.experiments.compare import COMPARE_METHODS
 from feather_sparse.bench.experiments.nm import NM_METHODS
 from feather_sparse.bench.runner import TRACEBACK_FILE, check_data, plan_runs
 from feather_sparse.bench.suites import SUITES
+from feather_sparse.plots import require_matplotlib
 from feather_sparse.recipes import list_recipes, parse_override
 
 __all__ = ["add_arguments", "options_from_args", "run"]
@@ -472,6 +473,7 @@ def run(command: str, args: argparse.Namespace) -> int:
 
 
 def _run(names: list[str], opts: BenchOptions) -> int:
+    require_matplotlib()  # the pages' figures need it: say so before the plan line
     _announce(names, opts)
     pool: tuple[int, float] | None = None
     # Every run this command trains, failed or not: a later experiment of the
