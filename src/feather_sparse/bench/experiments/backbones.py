@@ -10,6 +10,7 @@ from feather_sparse.bench.experiments.base import (
     Experiment,
     accuracy,
     cells,
+    feather_p_text,
     sparsity_ticks,
 )
 from feather_sparse.bench.options import BenchOptions
@@ -53,8 +54,9 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
     )
     body = (
         "Each backbone with its own thresholding (GMP: hard mask, no gradient to pruned "
-        "weights; ASL+: hard thresholding, plain STE) and with Feather (p = 3, θ "
-        "automatic). Top-1 accuracy (%), mean ± std over seeds; best per column in bold.\n\n"
+        "weights; ASL+: hard thresholding, plain STE) and with Feather "
+        f"({feather_p_text(ctx.opts)}, θ automatic). Top-1 accuracy (%), mean ± std over "
+        "seeds; best per column in bold.\n\n"
         + acc.table("backbone", pct)
         + "\n\n"
         + img(fig, "feather on other backbones")

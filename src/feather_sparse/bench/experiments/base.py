@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,26 @@ class Experiment:
 
 
 # ====================================================================== plans
+def recipe_p(opts: BenchOptions) -> float | None:
+    """The operator power ``p`` the recipe or ``--set`` gives every run, if any.
+
+    ``None`` (the usual case) leaves each operator its own: 3 for Feather's, 1
+    soft, ∞ hard. An experiment whose rows stand for an operator's own power
+    (``operator``, ``p``) then sets ``p`` in each row, so that the recipe's
+    cannot train under their labels, and ``--set p=...`` is refused as set by
+    the experiment.
+    """
+    return opts.base_config().p
+
+
+def feather_p_text(opts: BenchOptions) -> str:
+    """How a page names the power of the Feather operator its runs train with."""
+    p = recipe_p(opts)
+    if p is None:
+        return "p = 3"
+    return f"p = {'∞' if math.isinf(p) else f'{p:g}'}, set by the recipe or --set"
+
+
 def cells(
     opts: BenchOptions, rows: Mapping[str, Mapping[str, Any]], sparsities: Sequence[float]
 ) -> list[RunSpec]:

@@ -21,6 +21,7 @@ from feather_sparse.bench.experiments.base import (
     cells,
     dense_baseline,
     dense_runs,
+    feather_p_text,
 )
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img, pct
@@ -68,9 +69,14 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
     )
     figures = [acc_fig]
     top = max(acc.cols) if acc.cols else None
+    seed = ctx.opts.run_seeds[0]  # the title's: a row whose run of it failed is left out
     dists = {}
     for r in rows:
-        runs = [o for s, o in ctx.pairs if s.group == r and s.x == top and o.ok and o.layers]
+        runs = [
+            o
+            for s, o in ctx.pairs
+            if s.group == r and s.x == top and s.seed == seed and o.ok and o.layers
+        ]
         if runs:
             dists[r] = SparsityDistribution(
                 tuple(LayerSparsity(n, (p,), p, nz) for n, p, nz in runs[0].layers)
@@ -80,7 +86,7 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
             plot_layer_sparsity(
                 dists,
                 ctx.figure("layers"),
-                title=f"Per-layer sparsity at {pct(top or 0)} (seed {ctx.opts.run_seeds[0]})",
+                title=f"Per-layer sparsity at {pct(top or 0)} (seed {seed})",
             )
         )
     dense = [o for _, o in ctx.of_group(DENSE) if o.ok]
@@ -88,7 +94,8 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
     if dense:
         validation = _validate_flops(dense[0])
     body = (
-        "Feather (p = 3, θ automatic) on three threshold backbones. FLOPs are counted as "
+        f"Feather ({feather_p_text(ctx.opts)}, θ automatic) on three threshold backbones. "
+        "FLOPs are counted as "
         "multiply-accumulates per sample of the convolution and linear layers with zero "
         "weights skipped (the paper's convention, see `feather_sparse.analysis`).\n\n"
         + validation

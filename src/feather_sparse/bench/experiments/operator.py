@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from feather_sparse.bench.experiments.base import (
     accuracy_tables,
     accuracy_vs_sparsity_plot,
     cells,
+    recipe_p,
 )
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img
@@ -31,8 +33,15 @@ OPERATOR_ROWS: dict[str, dict[str, Any]] = {
 REFERENCE = "Feather (p = 3)"
 
 
+#: Each row's own power, set explicitly where the recipe or ``--set`` gives a p.
+OWN_P = {"hard": math.inf, "soft": 1.0, "Feather (p = 3)": 3.0}
+
+
 def plan(opts: BenchOptions) -> list[RunSpec]:
-    return cells(opts, OPERATOR_ROWS, opts.sparsity_grid(PAPER_SPARSITIES))
+    rows = OPERATOR_ROWS
+    if recipe_p(opts) is not None:  # or the Feather row trains that p under "p = 3"
+        rows = {name: {**row, "p": OWN_P[name]} for name, row in rows.items()}
+    return cells(opts, rows, opts.sparsity_grid(PAPER_SPARSITIES))
 
 
 def summarize(ctx: Context) -> tuple[str, list[Path]]:

@@ -12,6 +12,7 @@ from feather_sparse.bench.experiments.base import (
     accuracy_tables,
     accuracy_vs_sparsity_plot,
     cells,
+    recipe_p,
 )
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img
@@ -36,8 +37,15 @@ def _p_label(p: float) -> str:
 def plan(opts: BenchOptions) -> list[RunSpec]:
     # p = 3 is the feather operator's own power: leaving it unset makes that
     # row the very config of compare's Feather-Global, trained once for both.
+    # Where the recipe or --set gives p, every row sets its own (or the p = 3
+    # row would train theirs, and --set p=... is refused as what p varies).
+    own = recipe_p(opts) is None
     rows = {
-        _p_label(p): {"method": "feather", "operator": "feather", **({} if p == 3.0 else {"p": p})}
+        _p_label(p): {
+            "method": "feather",
+            "operator": "feather",
+            **({} if p == 3.0 and own else {"p": p}),
+        }
         for p in _ps(opts)
     }
     return cells(opts, rows, opts.sparsity_grid(PAPER_SPARSITIES))

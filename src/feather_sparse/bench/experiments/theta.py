@@ -11,6 +11,7 @@ from feather_sparse.bench.experiments.base import (
     accuracy,
     accuracy_tables,
     cells,
+    feather_p_text,
     panels_over_theta,
     theta_label,
     thetas,
@@ -55,7 +56,8 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
     )
     body = (
         "Gradient scaling θ of the pruned weights (θ = 0: non-STE, θ = 1: plain STE), "
-        "Feather operator (p = 3), global backbone. Top-1 accuracy (%), mean ± std over "
+        f"Feather operator ({feather_p_text(ctx.opts)}), global backbone. Top-1 accuracy (%), "
+        "mean ± std over "
         "seeds; the best θ per sparsity in bold. The paper's automatic rule picks θ = 1 "
         "below 95 % and θ = 0.5 from 95 % on.\n\n"
         + accuracy_tables(acc, "θ", auto_row, AUTO_NAME)
