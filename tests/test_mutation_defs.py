@@ -68,6 +68,9 @@ def test_there_are_mutant_modules() -> None:
         "m_xf",
         "m_run",
         "m_win",
+        "m_ddp",
+        "m_plt",
+        "m_exp",
     }
     assert expected <= set(MODULES)
 

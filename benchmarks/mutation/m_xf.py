@@ -177,8 +177,8 @@ MUTATIONS = [
     dict(
         id="xf19",
         desc="_runs_on: the random state not forked (a model that draws in its forward moves it)",
-        old="with evaluating(model), torch.random.fork_rng(devices=[]), torch.no_grad():",
-        new="with evaluating(model), torch.no_grad():",
+        old="stack.enter_context(torch.random.fork_rng(devices=[]))  # the CPU's",
+        new="pass  # the CPU's random state not forked",
         file=FIT,
         tests=FIT_TESTS,
     ),
