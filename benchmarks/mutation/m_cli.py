@@ -291,8 +291,8 @@ MUTATIONS = [
         id="cl33",
         file=CLI,
         desc="main: a bad input raises a traceback (only ValueError caught, not OSError)",
-        old="except (ValueError, OSError, RuntimeError) as err:",
-        new="except (ValueError, RuntimeError) as err:",
+        old="except (ValueError, OSError, RuntimeError, ImportError) as err:",
+        new="except (ValueError, RuntimeError, ImportError) as err:",
         tests=_CLI_TESTS,
     ),
 ]
