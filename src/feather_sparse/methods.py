@@ -121,7 +121,10 @@ class Method:
         A keyword given as ``None`` is unset: the method (or the Pruner's
         default) decides it. Keywords that are not Pruner arguments are options of the backbone
         (``keep_first_dense=True``, ``beta_target=10``): they are merged into
-        its config, ``{"name": ..., **options}``.
+        its config, ``{"name": ..., **options}``. A ``backbone`` naming the
+        method's own (a string or a mapping) keeps the options the method sets
+        (GMP's first conv dense, SR-STE's decay, S-STE's β, one-shot's frozen
+        mask); a mapping's options replace the ones they name.
 
         Args:
             **kwargs: Pruner arguments and backbone options; ``None`` leaves
@@ -145,16 +148,25 @@ class Method:
                     f"method {self.name!r} fixes {key}={value!r} (got {given[key]!r}); "
                     "use method='feather' to choose it freely"
                 )
+        own = OPERATORS.get(self.fixed["operator"]) if "operator" in self.fixed else None
+        if isinstance(own, ThresholdOperator) and "p" in given and float(given["p"]) != own.p:
+            # said here: the operator's own message would suggest operator='feather',
+            # which this method refuses
+            raise ValueError(
+                f"method {self.name!r} fixes operator={own.name!r}, whose p is {own.p:g} "
+                f"(got p={given['p']!r}); use method='feather' to choose p"
+            )
         if given.get("pattern") is not None:
             self._check_takes_pattern(given["pattern"])
         out: dict[str, Any] = {**self.fixed, **self.defaults, **given}
         default = self.defaults.get("backbone")
+        chosen = given.get("backbone")
         if (
-            isinstance(given.get("backbone"), str)
+            isinstance(chosen, (str, Mapping))
             and isinstance(default, Mapping)
-            and _same("backbone", given["backbone"], default["name"])
-        ):  # the method's own backbone by name: keep its published options
-            out["backbone"] = dict(default)
+            and _same("backbone", chosen, default["name"])
+        ):  # the method's own backbone by name: keep its published options (the caller's win)
+            out["backbone"] = {**default, **(chosen if isinstance(chosen, Mapping) else {})}
         if options:
             backbone = out.get("backbone", "global")
             if isinstance(backbone, Backbone):
