@@ -468,7 +468,13 @@ def _rebuild_command(name: str, opts: BenchOptions) -> str:
         args += ["--suite", opts.suite]
         ref = BenchOptions(**SUITES.get(opts.suite).options_fields({})).for_experiment(name)
     else:
-        ref = BenchOptions(recipe=DEFAULT_BENCH_RECIPE, seeds=DEFAULT_SEEDS, out=Path("results"))
+        from feather_sparse.bench.experiments import EXPERIMENTS  # they import this module
+
+        # without --seeds the command line gives an experiment its own seeds (nm: 5)
+        own = EXPERIMENTS.get(name).seeds if name in EXPERIMENTS else None
+        ref = BenchOptions(
+            recipe=DEFAULT_BENCH_RECIPE, seeds=own or DEFAULT_SEEDS, out=Path("results")
+        )
     if opts.quick:
         args.append("--quick")
     if opts.recipe != ref.recipe:
@@ -496,7 +502,8 @@ def _rebuild_command(name: str, opts: BenchOptions) -> str:
         if opts.threads is not None:
             args += ["--threads", str(opts.threads)]
         elif "threads" not in opts.overrides:  # a suite's threads, unset: the recipe's
-            args += ["--set", "threads=none"]
+            threads = opts.base_config().threads
+            args += ["--set", f"threads={'none' if threads is None else threads}"]
     if opts.runs_path != replace(ref, out=opts.out).runs_path:
         args += ["--runs-dir", str(opts.runs_path)]
     return shlex.join(args)
