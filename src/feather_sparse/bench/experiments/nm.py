@@ -8,7 +8,10 @@ The grid (issue 14's evidence):
   Linear-heavy ``mnist1d_mlpmixer``, 5 seeds;
 - at 2:4, Feather-N:M's gradient scale θ ∈ {0, 0.5, 1} and power
   p ∈ {1, 2, 3, ∞} on both models (θ = 1 and p = 3 are ``feather-nm``'s own
-  settings at 2:4, so those runs are shared with the main grid).
+  settings at 2:4, so those runs are shared with the main grid). Each row
+  trains its own θ and p, whatever the recipe gives or the automatic θ rule
+  gives at ``--ablation-pattern`` (0.5 from 95 %, e.g. 1:32); ``--set theta=``
+  and ``--set p=`` are refused as set by the experiment.
 
 The page reports top-1 accuracy (mean ± std), every method's paired
 difference to ``feather-nm`` with 95 % intervals, and the mask flip rate: the
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from feather_sparse.analysis import Curve, mean_std
-from feather_sparse.bench.experiments.base import Experiment, accuracy
+from feather_sparse.bench.experiments.base import Experiment, accuracy, recipe_p
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img, paired_caption
 from feather_sparse.bench.runner import RunOutcome, RunSpec
@@ -117,8 +120,12 @@ def plan(opts: BenchOptions) -> list[RunSpec]:
                     **_model_settings(opts, model),
                 }
                 specs += [RunSpec(method, float(x), s, settings) for s in opts.run_seeds]
-    # Ablations at 2:4: the column is the model. θ = 1 and p = 3 are feather-nm's
-    # own settings at 2:4 and are left unset there, so they share its runs.
+    # Ablations at 2:4: the column is the model. Every θ row sets its θ: a run's
+    # key drops a θ the automatic rule gives anyway (runner._canonical), so θ = 1
+    # at 2:4 is feather-nm's own run, and at 95 % or more (1:32, where the rule
+    # gives 0.5) θ = 1 is still trained. p = 3 is left to feather-nm (its own
+    # run) unless the recipe or --set gives p, as in bench p.
+    own_p = recipe_p(opts) is None
     for x, model in enumerate(models):
         base = {
             "dense": False,
@@ -127,10 +134,10 @@ def plan(opts: BenchOptions) -> list[RunSpec]:
             **_model_settings(opts, model),
         }
         for t in _thetas(opts):
-            settings = base if t == 1.0 else {**base, "theta": t}
+            settings = {**base, "theta": t}
             specs += [RunSpec(theta_label(t), float(x), s, settings) for s in opts.run_seeds]
         for p in _ps(opts):
-            settings = base if p == 3.0 else {**base, "p": p}
+            settings = base if p == 3.0 and own_p else {**base, "p": p}
             specs += [RunSpec(p_label(p), float(x), s, settings) for s in opts.run_seeds]
     return specs
 
