@@ -71,6 +71,9 @@ def test_there_are_mutant_modules() -> None:
         "m_ddp",
         "m_plt",
         "m_exp",
+        "m_pages",
+        "m_enm",
+        "m_meth",
     }
     assert expected <= set(MODULES)
 
