@@ -24,24 +24,11 @@ from _guards import guard
 from feather_sparse.methods import METHODS, build_pruner, pruner_config
 from feather_sparse.ops import OPERATORS
 from feather_sparse.recipes import TrainConfig, load_config
+from test_methods import SmallCNN  # conv1's reduction dimension 3·3·3 = 27: no multiple of 4
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 INF = math.inf
-
-
-class SmallCNN(nn.Module):
-    """conv1's reduction dimension is 3·3·3 = 27 (no multiple of 4); conv2's 8·3·3, fc's 16."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3)
-        self.conv2 = nn.Conv2d(8, 16, 3)
-        self.fc = nn.Linear(16, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conv2(torch.relu(self.conv1(x)))
-        return self.fc(x.mean((2, 3)))
 
 
 def config(**overrides: Any) -> TrainConfig:
