@@ -69,3 +69,28 @@ def test_pages_name_the_p_their_feather_runs_train_with(
     overrides: dict[str, float], text: str, tmp_path: Path
 ) -> None:
     assert feather_p_text(BenchOptions(overrides=overrides, out=tmp_path)) == text
+
+
+@pytest.mark.parametrize(
+    ("extra", "text"),
+    [
+        ("", "Feather's operator per group (p = 3, θ automatic = 1 at these sparsities)"),
+        ("\np = 2.0\n", "Feather's operator per group (p = 2, θ automatic, as the recipe gives)"),
+        (
+            "\np = 2.0\ntheta = 0.5\n",
+            "Feather's operator per group (p = 2, θ = 0.5, as the recipe gives)",
+        ),
+    ],
+)
+def test_the_nm_page_names_the_p_and_theta_feather_nm_trains_with(
+    extra: str, text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The main grid's feather-nm trains the recipe's p and θ when it gives them; the
+    page said "p = 3, θ automatic = 1" whatever they were."""
+    from test_mutation_gaps_enm import Figure, summarize
+
+    Figure(monkeypatch)
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(SHIPPED.read_text() + extra)
+    body = summarize(BenchOptions(recipe=str(recipe), seeds=(0,), out=tmp_path), [])
+    assert text in body

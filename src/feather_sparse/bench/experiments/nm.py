@@ -93,6 +93,21 @@ def _ps(opts: BenchOptions) -> tuple[float, ...]:
     return tuple(opts.ps) if opts.ps else NM_PS
 
 
+def _feather_nm_settings(opts: BenchOptions) -> str:
+    """How the page names the p and θ of the main grid's ``feather-nm`` runs.
+
+    Its own (p = 3, θ automatic) unless the recipe gives others (``--set p=``
+    and ``--set theta=`` are refused here: the ablation rows set them).
+    """
+    p, theta = recipe_p(opts), opts.base_config().theta
+    auto = theta in (None, "auto")
+    if p is None and auto:
+        return "p = 3, θ automatic = 1 at these sparsities"
+    p_text = "p = 3" if p is None else f"p = {'∞' if math.isinf(p) else f'{p:g}'}"
+    theta_text = "θ automatic" if auto else f"θ = {theta:g}"
+    return f"{p_text}, {theta_text}, as the recipe gives"
+
+
 def theta_label(t: float) -> str:
     return f"θ = {t:g}" + (" (feather-nm)" if t == 1.0 else "")
 
@@ -246,8 +261,8 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         "(groups of M consecutive weights along the reduction dimension; layers whose "
         "reduction dimension is not a multiple of M stay dense), from the first step "
         "unless the method has its own schedule (one-shot: dense to half-way). "
-        "`feather-nm`: Feather's operator per group (p = 3, θ automatic = 1 at these "
-        "sparsities); `sr-ste`: hard mask, STE, sparse-refined decay 2e-4; `s-ste`: soft "
+        f"`feather-nm`: Feather's operator per group ({_feather_nm_settings(ctx.opts)}); "
+        "`sr-ste`: hard mask, STE, sparse-refined decay 2e-4; `s-ste`: soft "
         "threshold with the fixed per-tensor β; `hard-nm`: hard mask, plain STE; "
         "`oneshot-nm`: magnitude N:M at half-way, then a fixed mask.\n\n"
         "## Methods × patterns\n\n"
