@@ -92,12 +92,15 @@ def recipe_p(opts: BenchOptions) -> float | None:
     return opts.base_config().p
 
 
+def p_text(p: float) -> str:
+    """``p = 3``, ``p = 1.5``, ``p = ∞``: an operator power as the pages write it."""
+    return f"p = {'∞' if math.isinf(p) else f'{p:g}'}"
+
+
 def feather_p_text(opts: BenchOptions) -> str:
     """How a page names the power of the Feather operator its runs train with."""
     p = recipe_p(opts)
-    if p is None:
-        return "p = 3"
-    return f"p = {'∞' if math.isinf(p) else f'{p:g}'}, set by the recipe or --set"
+    return "p = 3" if p is None else f"{p_text(p)}, set by the recipe or --set"
 
 
 def cells(

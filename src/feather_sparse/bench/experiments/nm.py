@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from feather_sparse.analysis import Curve, mean_std
-from feather_sparse.bench.experiments.base import Experiment, accuracy, recipe_p
+from feather_sparse.bench.experiments.base import Experiment, accuracy, p_text, recipe_p
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img, paired_caption
 from feather_sparse.bench.runner import RunOutcome, RunSpec
@@ -99,13 +99,13 @@ def _feather_nm_settings(opts: BenchOptions) -> str:
     Its own (p = 3, θ automatic) unless the recipe gives others (``--set p=``
     and ``--set theta=`` are refused here: the ablation rows set them).
     """
-    p, theta = recipe_p(opts), opts.base_config().theta
+    config = opts.base_config()  # recipe_p's source, read once for p and θ
+    p, theta = config.p, config.theta
     auto = theta in (None, "auto")
     if p is None and auto:
         return "p = 3, θ automatic = 1 at these sparsities"
-    p_text = "p = 3" if p is None else f"p = {'∞' if math.isinf(p) else f'{p:g}'}"
     theta_text = "θ automatic" if auto else f"θ = {theta:g}"
-    return f"{p_text}, {theta_text}, as the recipe gives"
+    return f"{p_text(3.0 if p is None else p)}, {theta_text}, as the recipe gives"
 
 
 def theta_label(t: float) -> str:
@@ -114,7 +114,7 @@ def theta_label(t: float) -> str:
 
 def p_label(p: float) -> str:
     names = {1.0: " (soft)", 3.0: " (feather-nm)", math.inf: " (hard)"}
-    return f"p = {'∞' if math.isinf(p) else f'{p:g}'}{names.get(float(p), '')}"
+    return p_text(p) + names.get(float(p), "")
 
 
 # ======================================================================= plan

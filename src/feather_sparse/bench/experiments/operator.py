@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from feather_sparse.bench.experiments.base import (
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img
 from feather_sparse.bench.runner import RunSpec
+from feather_sparse.ops import OPERATORS, ThresholdOperator
 
 __all__ = ["EXPERIMENT", "OPERATOR_ROWS"]
 
@@ -33,14 +33,18 @@ OPERATOR_ROWS: dict[str, dict[str, Any]] = {
 REFERENCE = "Feather (p = 3)"
 
 
-#: Each row's own power, set explicitly where the recipe or ``--set`` gives a p.
-OWN_P = {"hard": math.inf, "soft": 1.0, "Feather (p = 3)": 3.0}
+def _own_p(operator: str) -> float:
+    """The power of a thresholding operator of the registry (∞ hard, 1 soft, 3 Feather's)."""
+    op = OPERATORS.get(operator)
+    if not isinstance(op, ThresholdOperator):
+        raise TypeError(f"operator {operator!r} is not a thresholding operator: it has no p")
+    return op.p
 
 
 def plan(opts: BenchOptions) -> list[RunSpec]:
     rows = OPERATOR_ROWS
     if recipe_p(opts) is not None:  # or the Feather row trains that p under "p = 3"
-        rows = {name: {**row, "p": OWN_P[name]} for name, row in rows.items()}
+        rows = {name: {**row, "p": _own_p(row["operator"])} for name, row in rows.items()}
     return cells(opts, rows, opts.sparsity_grid(PAPER_SPARSITIES))
 
 

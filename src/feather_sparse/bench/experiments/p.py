@@ -12,6 +12,7 @@ from feather_sparse.bench.experiments.base import (
     accuracy_tables,
     accuracy_vs_sparsity_plot,
     cells,
+    p_text,
     recipe_p,
 )
 from feather_sparse.bench.options import BenchOptions
@@ -31,7 +32,7 @@ def _ps(opts: BenchOptions) -> tuple[float, ...]:
 
 def _p_label(p: float) -> str:
     names = {1.0: " (soft)", 3.0: " (Feather)", math.inf: " (hard)"}
-    return f"p = {'∞' if math.isinf(p) else f'{p:g}'}{names.get(float(p), '')}"
+    return p_text(p) + names.get(float(p), "")
 
 
 def plan(opts: BenchOptions) -> list[RunSpec]:
