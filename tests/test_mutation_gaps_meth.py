@@ -213,6 +213,79 @@ def test_the_methods_own_operator_given_as_an_object_is_accepted(name: str) -> N
         )
 
 
+@guard(
+    '`make_pruner(model, "sr-ste", backbone=NMBackbone("2:4"))`: the method\'s own backbone '
+    "as an object without the option that defines the method (SR-STE's decay, S-STE's β, "
+    "one-shot's frozen mask, GMP's first conv dense)",
+    "`ValueError` naming the option the object lacks and the two ways to give it",
+)
+@pytest.mark.parametrize(
+    ("name", "bare", "carrying", "message"),
+    [
+        (
+            "sr-ste",
+            lambda: fs.NMBackbone("2:4"),
+            lambda: fs.NMBackbone("2:4", decay=2e-4),
+            r"has decay=0\.0, but the method sets decay=0\.0002",
+        ),
+        (
+            "s-ste",
+            lambda: fs.NMBackbone("2:4"),
+            lambda: fs.NMBackbone("2:4", rescale=True),
+            r"has rescale=False, but the method sets rescale=True",
+        ),
+        (
+            "oneshot-nm",
+            lambda: fs.NMBackbone("2:4"),
+            lambda: fs.NMBackbone("2:4", freeze=True),
+            r"has freeze=False, but the method sets freeze=True",
+        ),
+        (
+            "gmp",
+            lambda: fs.UniformBackbone(),
+            lambda: fs.UniformBackbone(keep_first_dense=True),
+            r"has keep_first_dense=False, but the method sets keep_first_dense=True",
+        ),
+    ],
+    ids=["sr-ste", "s-ste", "oneshot-nm", "gmp"],
+)
+def test_a_backbone_object_must_carry_the_options_that_define_the_method(
+    name: str, bare: Any, carrying: Any, message: str
+) -> None:
+    """Left by the audit (not a mutant): an object was taken as given, so
+    ``NMBackbone("2:4")`` made ``sr-ste`` a hard STE with no decay, silently. The same
+    object with the method's option builds; a mapping still replaces the option."""
+    nm = name != "gmp"
+    kwargs: dict[str, Any] = {"total_steps": 100}
+    kwargs.update(exclude=["conv1"]) if nm else kwargs.update(sparsity=0.9)
+    with pytest.raises(ValueError, match=message + r".*construct it with.*as a mapping"):
+        fs.make_pruner(SmallCNN(), name, backbone=bare(), **kwargs)
+    backbone = carrying()
+    assert fs.make_pruner(SmallCNN(), name, backbone=backbone, **kwargs).backbone is backbone
+    option, value = next(
+        (k, v) for k, v in PUBLISHED[name][2].items() if k not in ("name", "pattern")
+    )
+    mapping = {"name": PUBLISHED[name][2]["name"], option: type(value)(0)}
+    built = fs.make_pruner(SmallCNN(), name, backbone=mapping, **kwargs)
+    assert getattr(built.backbone, option) == type(value)(0)  # the mapping replaced it
+
+
+def test_an_operator_object_is_compared_by_what_it_computes_not_its_name() -> None:
+    """Left by the audit (not a mutant): ``ThresholdOperator(p=2, name="hard")`` passed
+    ``method="hard"``'s check by its name and trained p = 2 as "hard"."""
+    with pytest.raises(ValueError, match=r"method 'hard' fixes operator='hard'"):
+        fs.make_pruner(
+            SmallCNN(),
+            "hard",
+            sparsity=0.9,
+            total_steps=100,
+            operator=fs.ThresholdOperator(p=2.0, name="hard"),
+        )
+    renamed = fs.ThresholdOperator(p=INF, name="mine")  # the hard threshold by another name
+    pruner = fs.make_pruner(SmallCNN(), "hard", sparsity=0.9, total_steps=100, operator=renamed)
+    assert pruner.operator is renamed
+
+
 def test_a_backbone_with_options_is_compared_by_its_name() -> None:
     """meth03: ``backbone`` "is compared by name, so its options may still be given"."""
     gmp = fs.make_pruner(

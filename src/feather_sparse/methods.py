@@ -84,12 +84,34 @@ def _backbone_name(backbone: Any) -> str:
     return str(backbone)
 
 
+def _arithmetic(operator: Operator) -> dict[str, Any]:
+    return {k: v for k, v in operator.config().items() if k != "name"}
+
+
+def _backbone_object_misses(method: str, backbone: Backbone, own: Mapping[str, Any]) -> None:
+    """Raise if a backbone object naming the method's own lacks an option the method sets."""
+    missing = {
+        k: v for k, v in own.items() if k != "name" and getattr(backbone, k, v) != v
+    }  # e.g. NMBackbone("2:4") given to sr-ste: decay 0, no longer SR-STE
+    if missing:
+        have = ", ".join(f"{k}={getattr(backbone, k)!r}" for k in missing)
+        want = ", ".join(f"{k}={v!r}" for k, v in missing.items())
+        raise ValueError(
+            f"the backbone object given to method {method!r} has {have}, but the method "
+            f"sets {want}: construct it with {want}, or give the backbone as a mapping "
+            f"({{'name': {own['name']!r}, ...}}), whose options are added to the method's "
+            "and replace the ones they name"
+        )
+
+
 def _same(key: str, given: Any, fixed: Any) -> bool:
     if key == "backbone":
         return BACKBONES._normalize(_backbone_name(given)) == BACKBONES._normalize(fixed)
     if key == "operator":
-        name = given.name if isinstance(given, Operator) else str(given)
-        return OPERATORS._normalize(name) == OPERATORS._normalize(fixed)
+        if isinstance(given, Operator):  # by what it computes: its config but for its name
+            own = OPERATORS.get(fixed)
+            return type(given) is type(own) and _arithmetic(given) == _arithmetic(own)
+        return OPERATORS._normalize(str(given)) == OPERATORS._normalize(fixed)
     if key == "theta":
         return not isinstance(given, str) and float(given) == float(fixed)
     return bool(given == fixed)
@@ -135,8 +157,11 @@ class Method:
             (after ``model``, ``sparsity`` and ``total_steps``).
 
         Raises:
-            ValueError: if an override contradicts what defines the method, or
-                backbone options come with a backbone object.
+            ValueError: if an override contradicts what defines the method (an
+                operator object is compared by what it computes, not its name), a
+                backbone object naming the method's own lacks an option the method
+                sets (``NMBackbone("2:4")`` for ``sr-ste``: no decay), or backbone
+                options come with a backbone object.
         """
         allowed = _pruner_arguments()
         kwargs = {k: v for k, v in kwargs.items() if v is not None}  # None: unset
@@ -167,6 +192,12 @@ class Method:
             and _same("backbone", chosen, default["name"])
         ):  # the method's own backbone by name: keep its published options (the caller's win)
             out["backbone"] = {**default, **(chosen if isinstance(chosen, Mapping) else {})}
+        elif (
+            isinstance(chosen, Backbone)
+            and isinstance(default, Mapping)
+            and _same("backbone", chosen, default["name"])
+        ):  # the method's own backbone as an object: it must carry the method's options
+            _backbone_object_misses(self.name, chosen, default)
         if options:
             backbone = out.get("backbone", "global")
             if isinstance(backbone, Backbone):
