@@ -36,6 +36,9 @@ MODELS = ("mnist1d_cnn", "mnist1d_mlpmixer")
 SEEDS = (0, 1, 2)
 THETA_ROWS = {"θ = 0": 0.0, "θ = 0.5": 0.5, "θ = 1 (feather-nm)": 1.0}
 P_ROWS = {"p = 1 (soft)": 1.0, "p = 2": 2.0, "p = 3 (feather-nm)": 3.0, "p = ∞ (hard)": math.inf}
+#: At ``--ablation-pattern 1:32`` (96.9 %), where feather-nm's automatic θ is 0.5.
+AT_1_32_THETA_ROWS = {"θ = 0": 0.0, "θ = 0.5 (feather-nm)": 0.5, "θ = 1": 1.0}
+INF = math.inf
 
 
 def paper_theta(config: dict[str, Any]) -> float:
@@ -79,9 +82,10 @@ def test_every_theta_row_trains_its_theta_at_any_ablation_pattern(tmp_path: Path
         runs_dir=tmp_path / "runs",
     )
     cells = trained(opts)
-    thetas = {row: paper_theta(cfg) for (row, _, _), cfg in cells.items() if row in THETA_ROWS}
-    assert thetas == THETA_ROWS
-    assert {cells[row, 0.0, 0]["pattern"] for row in THETA_ROWS} == {"1:32"}
+    rows = AT_1_32_THETA_ROWS  # feather-nm's own θ there is 0.5: that row is tagged
+    thetas = {row: paper_theta(cfg) for (row, _, _), cfg in cells.items() if row in rows}
+    assert thetas == rows
+    assert {cells[row, 0.0, 0]["pattern"] for row in rows} == {"1:32"}
     # at 2:4 (θ automatic = 1) the θ = 1 row is still feather-nm's own 2:4 run
     plain = BenchOptions(seeds=(0,), overrides={"model": "mnist1d_mlpmixer"}, out=tmp_path)
     specs = plan_experiments(["nm"], plain)
@@ -107,13 +111,19 @@ def test_the_ablation_rows_train_their_own_theta_and_p_whatever_the_recipe_gives
         "overrides": {"model": "mnist1d_mlpmixer"},
         "out": tmp_path,
     }
-    for line in ("theta = 0.5", "p = 2.0"):
+    # the row tagged (feather-nm) is the recipe's θ or p: feather-nm's own runs train it
+    recipe_theta = {"θ = 0": 0.0, "θ = 0.5 (feather-nm)": 0.5, "θ = 1": 1.0}
+    recipe_p = {"p = 1 (soft)": 1.0, "p = 2 (feather-nm)": 2.0, "p = 3": 3.0, "p = ∞ (hard)": INF}
+    for line, theta_rows, p_rows in (
+        ("theta = 0.5", recipe_theta, P_ROWS),
+        ("p = 2.0", THETA_ROWS, recipe_p),
+    ):
         opts = BenchOptions(recipe=recipe_with(tmp_path, line), methods=("feather-nm",), **one)
         cells = trained(opts)
-        thetas = {r: paper_theta(c) for (r, _, _), c in cells.items() if r in THETA_ROWS}
+        thetas = {r: paper_theta(c) for (r, _, _), c in cells.items() if r in theta_rows}
         ps = {r: c["p"] if c.get("p") is not None else 3.0 for (r, _, _), c in cells.items()}
-        assert thetas == THETA_ROWS, line
-        assert {r: ps[r] for r in P_ROWS} == P_ROWS, line
+        assert thetas == theta_rows, line
+        assert {r: ps[r] for r in p_rows} == p_rows, line
     cases: list[tuple[dict[str, Any], float, str]] = [
         ({"thetas": (1.0,)}, 0.5, "theta"),
         ({"ps": (3.0,)}, 2.0, "p"),
@@ -434,6 +444,52 @@ def test_the_ablations_pair_with_feather_nms_own_theta_and_p_per_model(
             assert flips[row] == [mean_pm_std(f, "{:.3f}")]
             ref = [0.80 + 0.02 * ref_i + NOISE[s] * (ref_i + 1) for s in SEEDS]
             assert paired[row] == (["reference"] if row == reference else [paired_cell(a, ref)])
+
+
+@pytest.mark.parametrize(
+    ("ablation", "line", "theta_reference", "p_reference"),
+    [
+        ("1:32", "", "θ = 0.5 (feather-nm)", "p = 3 (feather-nm)"),
+        ("2:4", "theta = 0.5", "θ = 0.5 (feather-nm)", "p = 3 (feather-nm)"),
+        ("2:4", "p = 2.0", "θ = 1 (feather-nm)", "p = 2 (feather-nm)"),
+    ],
+)
+def test_the_ablations_pair_with_the_rows_feather_nm_itself_trains(
+    ablation: str,
+    line: str,
+    theta_reference: str,
+    p_reference: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Left by the audit (not a mutant): at an ablation pattern of 95 % or more the
+    θ = 1 row was tagged (feather-nm) and was the θ table's reference, though
+    feather-nm's automatic θ there is 0.5; with a recipe's θ or p the same. The tag
+    and the reference are feather-nm's own θ and p at the ablation pattern."""
+    Figure(monkeypatch)
+    recipe = {"recipe": recipe_with(tmp_path, line)} if line else {}
+    opts = BenchOptions(
+        seeds=SEEDS,
+        overrides={"model": "mnist1d_mlpmixer"},
+        ablation_pattern=ablation,
+        out=tmp_path,
+        **recipe,
+    )
+    labels = {s.group for s in nm.plan(opts)}
+    tagged = sorted(r for r in labels if r.startswith(("θ", "p")) and "feather-nm)" in r)
+    assert tagged == sorted([theta_reference, p_reference])
+    thetas = sorted((r for r in labels if r.startswith("θ")), key=lambda r: float(r.split()[2]))
+    ps = sorted(r for r in labels if r.startswith("p"))
+    pairs = (
+        main_runs(("mnist1d_mlpmixer",), model_set=False)
+        + ablation_runs(thetas, 1, model_set=False)
+        + ablation_runs(ps, 1, model_set=False)
+    )
+    body = summarize(opts, pairs)
+    assert f"Paired difference to `{theta_reference}`" in between(
+        body, "## θ ablation", "## p ablation"
+    )
+    assert f"Paired difference to `{p_reference}`" in between(body, "## p ablation", None)
 
 
 def test_no_paired_section_without_its_reference_and_only_the_rows_given(

@@ -11,7 +11,10 @@ The grid (issue 14's evidence):
   settings at 2:4, so those runs are shared with the main grid). Each row
   trains its own θ and p, whatever the recipe gives or the automatic θ rule
   gives at ``--ablation-pattern`` (0.5 from 95 %, e.g. 1:32); ``--set theta=``
-  and ``--set p=`` are refused as set by the experiment.
+  and ``--set p=`` are refused as set by the experiment. The row tagged
+  ``(feather-nm)``, which the ablation's paired table compares with, is
+  ``feather-nm``'s own θ and p at the ablation pattern (:func:`own_settings`:
+  θ = 0.5 at 1:32; a recipe's θ or p).
 
 The page reports top-1 accuracy (mean ± std), every method's paired
 difference to ``feather-nm`` with 95 % intervals, and the mask flip rate: the
@@ -36,7 +39,9 @@ from feather_sparse.bench.experiments.base import Experiment, accuracy, p_text, 
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img, paired_caption
 from feather_sparse.bench.runner import RunOutcome, RunSpec
+from feather_sparse.nm import NMPattern
 from feather_sparse.plots import plot_panels
+from feather_sparse.pruner_config import auto_theta
 
 __all__ = ["EXPERIMENT", "NM_METHODS", "NM_MODELS", "NM_PATTERNS", "NM_SEEDS"]
 
@@ -108,13 +113,32 @@ def _feather_nm_settings(opts: BenchOptions) -> str:
     return f"{p_text(3.0 if p is None else p)}, {theta_text}, as the recipe gives"
 
 
-def theta_label(t: float) -> str:
-    return f"θ = {t:g}" + (" (feather-nm)" if t == 1.0 else "")
+def own_settings(opts: BenchOptions) -> tuple[float, float]:
+    """``feather-nm``'s own ``(p, θ)`` at the ablation pattern: the row each ablation
+    pairs with and tags ``(feather-nm)``.
+
+    p is 3 unless the recipe gives one; θ the recipe's, else the automatic rule's
+    at the pattern's sparsity: 1 below 95 %, 0.5 from it (e.g. 1:32).
+    """
+    config = opts.base_config()
+    theta = config.theta
+    if theta in (None, "auto"):
+        sparsity = NMPattern.parse(_ablation_pattern(opts)).sparsity
+        theta = auto_theta(sparsity, config.theta_rule)
+    return (3.0 if config.p is None else float(config.p)), float(theta)
 
 
-def p_label(p: float) -> str:
-    names = {1.0: " (soft)", 3.0: " (feather-nm)", math.inf: " (hard)"}
-    return p_text(p) + names.get(float(p), "")
+def theta_label(t: float, own: float = 1.0) -> str:
+    """The θ row's name; ``own`` is feather-nm's θ (:func:`own_settings`)."""
+    return f"θ = {t:g}" + (" (feather-nm)" if t == own else "")
+
+
+def p_label(p: float, own: float = 3.0) -> str:
+    """The p row's name: the operator it is (soft, hard) and whether it is
+    feather-nm's own p ``own`` (:func:`own_settings`)."""
+    names = {1.0: "soft", math.inf: "hard"}
+    tags = [t for t in (names.get(float(p)), "feather-nm" if p == own else None) if t]
+    return p_text(p) + (f" ({', '.join(tags)})" if tags else "")
 
 
 # ======================================================================= plan
@@ -141,6 +165,7 @@ def plan(opts: BenchOptions) -> list[RunSpec]:
     # gives 0.5) θ = 1 is still trained. p = 3 is left to feather-nm (its own
     # run) unless the recipe or --set gives p, as in bench p.
     own_p = recipe_p(opts) is None
+    p_own, theta_own = own_settings(opts)
     for x, model in enumerate(models):
         base = {
             "dense": False,
@@ -150,10 +175,11 @@ def plan(opts: BenchOptions) -> list[RunSpec]:
         }
         for t in _thetas(opts):
             settings = {**base, "theta": t}
-            specs += [RunSpec(theta_label(t), float(x), s, settings) for s in opts.run_seeds]
+            label = theta_label(t, theta_own)
+            specs += [RunSpec(label, float(x), s, settings) for s in opts.run_seeds]
         for p in _ps(opts):
             settings = base if p == 3.0 and own_p else {**base, "p": p}
-            specs += [RunSpec(p_label(p), float(x), s, settings) for s in opts.run_seeds]
+            specs += [RunSpec(p_label(p, p_own), float(x), s, settings) for s in opts.run_seeds]
     return specs
 
 
@@ -254,8 +280,9 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         categorical_x=same,
         xticklabels=[patterns[int(x)] for x in shown[0]] if same else None,
     )
-    thetas = [theta_label(t) for t in _thetas(ctx.opts)]
-    ps = [p_label(p) for p in _ps(ctx.opts)]
+    p_own, theta_own = own_settings(ctx.opts)
+    thetas = [theta_label(t, theta_own) for t in _thetas(ctx.opts)]
+    ps = [p_label(p, p_own) for p in _ps(ctx.opts)]
     body = (
         "N:M sparse training: every method prunes each layer to the pattern "
         "(groups of M consecutive weights along the reduction dimension; layers whose "
@@ -269,9 +296,9 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         + "".join(sections)
         + img(fig, "accuracy per N:M pattern")
         + "\n## θ ablation (feather-nm)\n\n"
-        + _ablation(ctx, "θ", thetas, theta_label(1.0), models)
+        + _ablation(ctx, "θ", thetas, theta_label(theta_own, theta_own), models)
         + "## p ablation (feather-nm)\n\n"
-        + _ablation(ctx, "p", ps, p_label(3.0), models)
+        + _ablation(ctx, "p", ps, p_label(p_own, p_own), models)
         + _ranking_note(ctx, models)
     )
     return body, [fig]
