@@ -277,6 +277,36 @@ def test_the_pages_command_reproduces_its_runs(tmp_path: Path) -> None:
 
 
 @guard(
+    "a results page of runs whose `--set` values were given from Python "
+    "(`BenchOptions(overrides={'exclude': ('fc',), 'model_kwargs': {...}})`)",
+    "the page's command writes each value as the command line reads it back "
+    "(a TOML array, JSON, `true`, `none`), not Python's `str()`",
+)
+def test_the_pages_command_writes_python_override_values_as_the_command_line_reads_them(
+    tmp_path: Path,
+) -> None:
+    """Left by the audit (not a mutant): ``--set`` values were written with ``str()``,
+    so a tuple ``('fc', 'features.0')`` came back as the names ``"('fc'"`` and
+    ``"'features.0')"`` and a dict ``{'width': 2}`` could not be read at all."""
+    overrides: dict[str, Any] = {
+        "exclude": ("fc", "features.0"),
+        "model_kwargs": {"width": 2},
+        "nesterov": True,
+        "grad_clip": None,
+        "lr": 0.05,
+    }
+    opts = BenchOptions(overrides=overrides, out=tmp_path, runs_dir=tmp_path / "runs")
+    command = _reproduces("compare", opts)
+    config = opts.base_config()
+    assert (config.exclude, config.model_kwargs, config.nesterov) == (
+        ("fc", "features.0"),
+        {"width": 2},
+        True,
+    )
+    assert "--set nesterov=true --set grad_clip=none --set lr=0.05" in command
+
+
+@guard(
     "a page of a suite whose threads were unset (`threads=None`: the recipe's), "
     "the recipe setting its own threads",
     "the page's command sets the recipe's threads (`--set threads=4`), not `threads=none` "

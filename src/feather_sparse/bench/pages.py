@@ -17,7 +17,7 @@ import re
 import shlex
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -461,6 +461,26 @@ def _numerics_line(outcomes: Sequence[RunOutcome]) -> str:
     )
 
 
+def _set_text(value: Any) -> str:
+    """A ``--set`` value as the command line reads it back to the same value.
+
+    Overrides given from Python hold Python values, whose ``str()`` the command
+    line misreads: ``True`` is fine but ``('fc', 'conv1')`` would split into
+    ``"('fc'"`` and ``"'conv1')"``, and ``{'width': 2}`` is neither TOML nor JSON.
+    Booleans are written ``true``/``false``, ``None`` ``none``, a mapping as JSON,
+    a list or tuple as a TOML array; strings and numbers as they are.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, Mapping):
+        return json.dumps(dict(value))
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(json.dumps(v) for v in value) + "]"
+    return str(value)
+
+
 def _rebuild_command(name: str, opts: BenchOptions) -> str:
     """The command line of these options: flags that differ from the defaults (or the suite's)."""
     args = ["feather-sparse", "bench", name]
@@ -480,7 +500,7 @@ def _rebuild_command(name: str, opts: BenchOptions) -> str:
     if opts.recipe != ref.recipe:
         args += ["--recipe", opts.recipe]
     for key, value in opts.overrides.items():
-        args += ["--set", f"{key}={value}"]
+        args += ["--set", f"{key}={_set_text(value)}"]
     if opts.seeds != ref.seeds:
         args += ["--seeds", ",".join(map(str, opts.seeds))]
     for flag, values, default in (
