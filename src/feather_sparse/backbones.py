@@ -577,6 +577,9 @@ class GlobalFlopsBackbone(Backbone):
         dtype = t_star.dtype
         out = []
         for w, c in zip(weights, inverse):
+            if w.numel() == 0:  # a layer without weights (nn.Linear(8, 0)): nothing to prune
+                out.append(torch.zeros((), dtype=dtype, device=t_star.device))
+                continue
             score = scaled_magnitudes(w, c, dtype)
             magnitude = scaled_magnitudes(w, 1.0, dtype)
             out.append(torch.where(score <= t_star, magnitude, 0.0).amax())
@@ -702,7 +705,12 @@ class ASLPlusBackbone(Backbone):
     def thresholds(self, weights: Sequence[Tensor], sparsity: float) -> list[Tensor]:
         self._target = float(sparsity)
         with torch.no_grad():
-            self._sigma = [w.float().std(correction=0) for w in weights]
+            # σ_l = 0 for a layer without weights: its r_l then gets no gradient (the
+            # std of nothing is NaN, which would make r_l NaN at the first optimizer step)
+            self._sigma = [
+                w.float().std(correction=0) if w.numel() else w.new_zeros((), dtype=torch.float32)
+                for w in weights
+            ]
         counts = self.allocation(sparsity)
         return _layer_kth(weights, counts, self._warm)
 

@@ -368,13 +368,18 @@ def _warn_dense_attention(model: nn.Module, pruned: set[str]) -> None:
         )
 
 
+#: The recurrent modules (and cells) whose weights no ``include`` selects.
+_RECURRENT = (nn.RNNBase, nn.RNNCellBase)
+
+
 def _recurrent_weights(model: nn.Module, exclude: Sequence[str]) -> list[tuple[str, str, int]]:
-    """``(name, class, weights)`` of each recurrent module (``nn.RNN``/``LSTM``/``GRU``) not
-    excluded: they hold their weights as ``weight_ih_l0``, ``weight_hh_l0``, …, not as a
-    layer's ``weight``, so no ``include`` selects them and they stay dense."""
+    """``(name, class, weights)`` of each recurrent module (``nn.RNN``/``LSTM``/``GRU`` and
+    their cells, ``nn.RNNCell``/``LSTMCell``/``GRUCell``) not excluded: they hold their
+    weights as ``weight_ih_l0``, ``weight_hh_l0``, … (a cell: ``weight_ih``, ``weight_hh``),
+    not as a layer's ``weight``, so no ``include`` selects them and they stay dense."""
     found = []
     for name, m in model.named_modules():
-        if not isinstance(m, nn.RNNBase) or _matches(name, exclude, children=True):
+        if not isinstance(m, _RECURRENT) or _matches(name, exclude, children=True):
             continue
         n = sum(
             p.numel()
@@ -389,10 +394,17 @@ def _recurrent_weights(model: nn.Module, exclude: Sequence[str]) -> list[tuple[s
 def _recurrent_note(found: list[tuple[str, str, int]]) -> str:
     """How :func:`_recurrent_weights`' modules read in a message."""
     shown = ", ".join(f"nn.{cls} {name or '(the model)'!r}" for name, cls, _ in found[:3])
+    cells = sum(cls.endswith("Cell") for _, cls, _ in found)
+    if not cells:
+        params = "weight_ih_l*/weight_hh_l*"
+    elif cells == len(found):
+        params = "weight_ih/weight_hh"
+    else:
+        params = "weight_ih*/weight_hh*"
     return (
         f"{count(len(found), 'recurrent module')} ({shown}{', ...' if len(found) > 3 else ''}) "
         f"keep{'s' if len(found) == 1 else ''} {sum(n for *_, n in found):,} weights dense: "
-        "they are weight_ih_l*/weight_hh_l* parameters, not a layer's `weight`, and "
+        f"they are {params} parameters, not a layer's `weight`, and "
         "feather-sparse prunes only a layer's `weight`"
     )
 
