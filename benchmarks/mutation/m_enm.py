@@ -90,14 +90,14 @@ MUTATIONS = [
     dict(
         id="enm11",
         desc="θ label: '(feather-nm)' on every θ ≥ 0.5, not on θ = 1 only",
-        old='(" (feather-nm)" if t == 1.0 else "")',
+        old='(" (feather-nm)" if t == own else "")',
         new='(" (feather-nm)" if t >= 0.5 else "")',
     ),
     dict(
         id="enm12",
         desc="p label: the soft and hard names swapped (p = 1 (hard), p = ∞ (soft))",
-        old='names = {1.0: " (soft)", 3.0: " (feather-nm)", math.inf: " (hard)"}',
-        new='names = {1.0: " (hard)", 3.0: " (feather-nm)", math.inf: " (soft)"}',
+        old='names = {1.0: "soft", math.inf: "hard"}',
+        new='names = {1.0: "hard", math.inf: "soft"}',
     ),
     dict(
         id="enm13",
@@ -138,8 +138,8 @@ MUTATIONS = [
     dict(
         id="enm19",
         desc="θ ablation: every model's runs in the first column (x = 0)",
-        old="RunSpec(theta_label(t), float(x), s, settings)",
-        new="RunSpec(theta_label(t), 0.0, s, settings)",
+        old="RunSpec(label, float(x), s, settings)",
+        new="RunSpec(label, 0.0, s, settings)",
     ),
     dict(
         id="enm20",
@@ -218,14 +218,14 @@ MUTATIONS = [
     dict(
         id="enm32",
         desc="p ablation paired against p = 1 (soft), not feather-nm's p = 3",
-        old='_ablation(ctx, "p", ps, p_label(3.0), models)',
-        new='_ablation(ctx, "p", ps, p_label(1.0), models)',
+        old='_ablation(ctx, "p", ps, p_label(p_own, p_own), models)',
+        new='_ablation(ctx, "p", ps, p_label(1.0, p_own), models)',
     ),
     dict(
         id="enm33",
         desc="θ ablation rows: the default θ grid, not the θ values given",
-        old="    thetas = [theta_label(t) for t in _thetas(ctx.opts)]",
-        new="    thetas = [theta_label(t) for t in NM_THETAS]",
+        old="    thetas = [theta_label(t, theta_own) for t in _thetas(ctx.opts)]",
+        new="    thetas = [theta_label(t, theta_own) for t in NM_THETAS]",
     ),
     dict(
         id="enm34",

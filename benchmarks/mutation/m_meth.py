@@ -51,8 +51,8 @@ MUTATIONS = [
     dict(
         id="meth02",
         desc="an Operator object compared by its repr, not its name (the method's own operator refused)",
-        old="name = given.name if isinstance(given, Operator) else str(given)",
-        new="name = str(given)",
+        old="if isinstance(given, Operator):  # by what it computes: its config but for its name",
+        new="if False:  # by what it computes: its config but for its name",
     ),
     dict(
         id="meth03",
@@ -77,6 +77,7 @@ MUTATIONS = [
         desc="the method's own backbone by name loses its published options (gmp backbone='uniform')",
         old="            and isinstance(default, Mapping)\n",
         new="            and False\n",
+        occ=1,
     ),
     dict(
         id="meth07",

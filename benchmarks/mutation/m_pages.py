@@ -179,8 +179,8 @@ MUTATIONS = [
     dict(
         id="pages28",
         desc="command: --set values written as Python reprs (quoted strings)",
-        old='args += ["--set", f"{key}={value}"]',
-        new='args += ["--set", f"{key}={value!r}"]',
+        old='args += ["--set", f"{key}={_set_text(value)}"]',
+        new='args += ["--set", f"{key}={_set_text(value)!r}"]',
     ),
     dict(
         id="pages29",
