@@ -77,7 +77,6 @@ MUTATIONS = [
         desc="the method's own backbone by name loses its published options (gmp backbone='uniform')",
         old="            and isinstance(default, Mapping)\n",
         new="            and False\n",
-        occ=1,
     ),
     dict(
         id="meth07",

@@ -187,17 +187,14 @@ class Method:
         default = self.defaults.get("backbone")
         chosen = given.get("backbone")
         if (
-            isinstance(chosen, (str, Mapping))
+            isinstance(chosen, (str, Mapping, Backbone))
             and isinstance(default, Mapping)
             and _same("backbone", chosen, default["name"])
-        ):  # the method's own backbone by name: keep its published options (the caller's win)
-            out["backbone"] = {**default, **(chosen if isinstance(chosen, Mapping) else {})}
-        elif (
-            isinstance(chosen, Backbone)
-            and isinstance(default, Mapping)
-            and _same("backbone", chosen, default["name"])
-        ):  # the method's own backbone as an object: it must carry the method's options
-            _backbone_object_misses(self.name, chosen, default)
+        ):  # the method's own backbone: it keeps the options that define the method
+            if isinstance(chosen, Backbone):  # an object must carry them itself
+                _backbone_object_misses(self.name, chosen, default)
+            else:  # by name or mapping: the published options, the caller's win
+                out["backbone"] = {**default, **(chosen if isinstance(chosen, Mapping) else {})}
         if options:
             backbone = out.get("backbone", "global")
             if isinstance(backbone, Backbone):

@@ -35,13 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from feather_sparse.analysis import Curve, mean_std
-from feather_sparse.bench.experiments.base import Experiment, accuracy, p_text, recipe_p
+from feather_sparse.bench.experiments.base import Experiment, accuracy, p_text
 from feather_sparse.bench.options import BenchOptions
 from feather_sparse.bench.pages import Context, Grid, img, paired_caption
 from feather_sparse.bench.runner import RunOutcome, RunSpec
 from feather_sparse.nm import NMPattern
 from feather_sparse.plots import plot_panels
 from feather_sparse.pruner_config import auto_theta
+from feather_sparse.recipes import TrainConfig
 
 __all__ = ["EXPERIMENT", "NM_METHODS", "NM_MODELS", "NM_PATTERNS", "NM_SEEDS"]
 
@@ -98,13 +99,13 @@ def _ps(opts: BenchOptions) -> tuple[float, ...]:
     return tuple(opts.ps) if opts.ps else NM_PS
 
 
-def _feather_nm_settings(opts: BenchOptions) -> str:
+def _feather_nm_settings(config: TrainConfig) -> str:
     """How the page names the p and θ of the main grid's ``feather-nm`` runs.
 
-    Its own (p = 3, θ automatic) unless the recipe gives others (``--set p=``
-    and ``--set theta=`` are refused here: the ablation rows set them).
+    Its own (p = 3, θ automatic) unless the recipe (``config``, the options'
+    base config) gives others (``--set p=`` and ``--set theta=`` are refused
+    here: the ablation rows set them).
     """
-    config = opts.base_config()  # recipe_p's source, read once for p and θ
     p, theta = config.p, config.theta
     auto = theta in (None, "auto")
     if p is None and auto:
@@ -113,14 +114,14 @@ def _feather_nm_settings(opts: BenchOptions) -> str:
     return f"{p_text(3.0 if p is None else p)}, {theta_text}, as the recipe gives"
 
 
-def own_settings(opts: BenchOptions) -> tuple[float, float]:
+def own_settings(opts: BenchOptions, config: TrainConfig) -> tuple[float, float]:
     """``feather-nm``'s own ``(p, θ)`` at the ablation pattern: the row each ablation
     pairs with and tags ``(feather-nm)``.
 
-    p is 3 unless the recipe gives one; θ the recipe's, else the automatic rule's
-    at the pattern's sparsity: 1 below 95 %, 0.5 from it (e.g. 1:32).
+    p is 3 unless the recipe (``config``, the options' base config) gives one; θ
+    the recipe's, else the automatic rule's at the pattern's sparsity: 1 below
+    95 %, 0.5 from it (e.g. 1:32).
     """
-    config = opts.base_config()
     theta = config.theta
     if theta in (None, "auto"):
         sparsity = NMPattern.parse(_ablation_pattern(opts)).sparsity
@@ -164,8 +165,9 @@ def plan(opts: BenchOptions) -> list[RunSpec]:
     # at 2:4 is feather-nm's own run, and at 95 % or more (1:32, where the rule
     # gives 0.5) θ = 1 is still trained. p = 3 is left to feather-nm (its own
     # run) unless the recipe or --set gives p, as in bench p.
-    own_p = recipe_p(opts) is None
-    p_own, theta_own = own_settings(opts)
+    config = opts.base_config()  # read once: the recipe's p and θ
+    own_p = config.p is None  # no p from the recipe or --set (base.recipe_p)
+    p_own, theta_own = own_settings(opts, config)
     for x, model in enumerate(models):
         base = {
             "dense": False,
@@ -280,7 +282,8 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         categorical_x=same,
         xticklabels=[patterns[int(x)] for x in shown[0]] if same else None,
     )
-    p_own, theta_own = own_settings(ctx.opts)
+    config = ctx.opts.base_config()  # read once: the recipe's p and θ
+    p_own, theta_own = own_settings(ctx.opts, config)
     thetas = [theta_label(t, theta_own) for t in _thetas(ctx.opts)]
     ps = [p_label(p, p_own) for p in _ps(ctx.opts)]
     body = (
@@ -288,7 +291,7 @@ def summarize(ctx: Context) -> tuple[str, list[Path]]:
         "(groups of M consecutive weights along the reduction dimension; layers whose "
         "reduction dimension is not a multiple of M stay dense), from the first step "
         "unless the method has its own schedule (one-shot: dense to half-way). "
-        f"`feather-nm`: Feather's operator per group ({_feather_nm_settings(ctx.opts)}); "
+        f"`feather-nm`: Feather's operator per group ({_feather_nm_settings(config)}); "
         "`sr-ste`: hard mask, STE, sparse-refined decay 2e-4; `s-ste`: soft "
         "threshold with the fixed per-tensor β; `hard-nm`: hard mask, plain STE; "
         "`oneshot-nm`: magnitude N:M at half-way, then a fixed mask.\n\n"
