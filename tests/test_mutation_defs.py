@@ -74,6 +74,9 @@ def test_there_are_mutant_modules() -> None:
         "m_pages",
         "m_enm",
         "m_meth",
+        "m_bas",
+        "m_bbn",
+        "m_pr2",
     }
     assert expected <= set(MODULES)
 
