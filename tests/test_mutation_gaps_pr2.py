@@ -221,6 +221,32 @@ def test_an_all_zero_layer_is_not_called_collapsed_at_sparsity_0(
     assert "layer collapse" not in caplog.text
 
 
+def test_report_does_not_call_an_all_zero_layer_collapsed_at_sparsity_0(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The report agrees with the check at attach: at scheduled sparsity 0 the
+    zeros of a zero-initialised head are the user's, not a collapse ("every
+    weight below the global threshold" would be untrue); once the schedule
+    prunes, the same all-zero layer is flagged and warned about."""
+    model = plain_model()
+    head = model[2]
+    assert isinstance(head, nn.Linear)
+    with torch.no_grad():
+        head.weight.zero_()
+    pruner = fs.Pruner(model, 0.9, total_steps=10)
+    with caplog.at_level(logging.WARNING, logger="feather_sparse"):
+        report = pruner.report()
+    assert report.scheduled_sparsity == 0.0
+    assert report.collapsed == []
+    assert "collapsed" not in report.table()
+    assert "layer collapse" not in caplog.text
+    pruner.update(0.5)  # now it prunes: an all-zero layer is fully pruned
+    assert pruner.report().scheduled_sparsity > 0
+    with caplog.at_level(logging.WARNING, logger="feather_sparse"):
+        assert pruner.report().collapsed == ["2"]
+    assert "layer collapse" in caplog.text
+
+
 # ------------------------------------------------------------------ dense_state_dict
 def test_the_pruned_state_dict_holds_a_tied_weight_once() -> None:
     """pr228: ``dense_state_dict(pruned=True)``: "a tied weight is one tensor under

@@ -190,7 +190,9 @@ class LayerReport:
             threshold ``r·T_g``).
         sparsity: the fraction of its weights the forward zeroes (after
             ``finalize``: of exact zeros).
-        collapsed: every weight pruned: the layer outputs only its bias.
+        collapsed: every weight pruned, at a scheduled sparsity above 0: the
+            layer outputs only its bias. A layer the user left all zero is not
+            flagged while the schedule prunes nothing (sparsity 0).
     """
 
     name: str
@@ -999,7 +1001,8 @@ class Pruner:
                     params=t.numel,
                     threshold=threshold,
                     sparsity=z / t.numel if t.numel else 0.0,  # an empty layer prunes nothing
-                    collapsed=0 < t.numel == z,
+                    # at sparsity 0 nothing is pruned: all-zero is the user's init
+                    collapsed=0 < t.numel == z and self._current > 0,
                 )
             )
         report = PrunerReport(
