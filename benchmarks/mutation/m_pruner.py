@@ -182,8 +182,8 @@ MUTATIONS = [
     dict(
         id="pr26",
         desc="report: an empty layer (0 weights) flagged collapsed",
-        old="collapsed=0 < t.numel == z,",
-        new="collapsed=t.numel == z,",
+        old="collapsed=0 < t.numel == z and self._current > 0,",
+        new="collapsed=t.numel == z and self._current > 0,",
     ),
     dict(
         id="pr27",
