@@ -205,19 +205,24 @@ def test_the_sparsity_in_effect_at_attach_is_the_schedules_at_step_0() -> None:
     assert pruner.sparsity_achieved() == 0.0
 
 
+def model_with_a_zero_head() -> nn.Module:
+    """``plain_model()`` with its head (``"2"``) zero-initialised."""
+    model = plain_model()
+    head = model[2]
+    assert isinstance(head, nn.Linear)
+    with torch.no_grad():
+        head.weight.zero_()
+    return model
+
+
 def test_an_all_zero_layer_is_not_called_collapsed_at_sparsity_0(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """pr218: a zero-initialised layer (a classifier head, as timm initialises some)
     is not "pruned to 100 % (every weight below the global threshold)" when the
     schedule asks for no pruning at all (sparsity 0 at step 0)."""
-    model = plain_model()
-    head = model[2]
-    assert isinstance(head, nn.Linear)
-    with torch.no_grad():
-        head.weight.zero_()
     with caplog.at_level(logging.WARNING, logger="feather_sparse"):
-        fs.Pruner(model, 0.9, total_steps=10)
+        fs.Pruner(model_with_a_zero_head(), 0.9, total_steps=10)
     assert "layer collapse" not in caplog.text
 
 
@@ -228,12 +233,7 @@ def test_report_does_not_call_an_all_zero_layer_collapsed_at_sparsity_0(
     zeros of a zero-initialised head are the user's, not a collapse ("every
     weight below the global threshold" would be untrue); once the schedule
     prunes, the same all-zero layer is flagged and warned about."""
-    model = plain_model()
-    head = model[2]
-    assert isinstance(head, nn.Linear)
-    with torch.no_grad():
-        head.weight.zero_()
-    pruner = fs.Pruner(model, 0.9, total_steps=10)
+    pruner = fs.Pruner(model_with_a_zero_head(), 0.9, total_steps=10)
     with caplog.at_level(logging.WARNING, logger="feather_sparse"):
         report = pruner.report()
     assert report.scheduled_sparsity == 0.0
@@ -241,9 +241,10 @@ def test_report_does_not_call_an_all_zero_layer_collapsed_at_sparsity_0(
     assert "collapsed" not in report.table()
     assert "layer collapse" not in caplog.text
     pruner.update(0.5)  # now it prunes: an all-zero layer is fully pruned
-    assert pruner.report().scheduled_sparsity > 0
     with caplog.at_level(logging.WARNING, logger="feather_sparse"):
-        assert pruner.report().collapsed == ["2"]
+        report = pruner.report()
+    assert report.scheduled_sparsity > 0
+    assert report.collapsed == ["2"]
     assert "layer collapse" in caplog.text
 
 
