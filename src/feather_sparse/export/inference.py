@@ -193,6 +193,41 @@ def _is_pointwise_conv(module: nn.Module) -> bool:
     return all(k == 1 for k in module.kernel_size) and module.groups == 1 and no_padding
 
 
+_CONV_TYPES: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+#: PyTorch modules that read their layers' ``.weight`` instead of calling them:
+#: ``nn.MultiheadAttention`` its ``out_proj`` always, ``nn.TransformerEncoderLayer``
+#: (and ``nn.TransformerEncoder`` through it) every layer on its inference fast path.
+_READ_BY_OWNER: tuple[type[nn.Module], ...] = (nn.MultiheadAttention, nn.TransformerEncoderLayer)
+
+
+def _why_not_plain(module: nn.Module, owner: nn.Module | None) -> str | None:
+    """Why ``module`` (an ``nn.Linear`` or 1×1 convolution) must keep its own class, or None.
+
+    Only a layer whose call computes exactly what its weight and bias say is
+    replaced: its class keeps the forward of ``nn.Linear`` (or of
+    ``nn.Conv1d/2d/3d``), no instance attribute replaces that forward, it
+    carries no forward hooks or pre-hooks of its own, and no ``owner`` (one of
+    :data:`_READ_BY_OWNER` holding it) reads its weight instead of calling it.
+    """
+    if owner is not None:
+        return f"it belongs to an nn.{type(owner).__name__}, which reads its weight directly"
+    cls = type(module)
+    if isinstance(module, nn.Linear):
+        own_forward = cls.forward is not nn.Linear.forward
+    else:
+        base = next(b for b in _CONV_TYPES if isinstance(module, b))
+        own_forward = cls.forward is not base.forward or (
+            cls._conv_forward is not base._conv_forward  # type: ignore[attr-defined]
+        )
+    if own_forward:
+        return f"its class {cls.__qualname__} has its own forward"
+    if "forward" in vars(module):
+        return "its forward was replaced on the instance"
+    if module._forward_hooks or module._forward_pre_hooks:
+        return "it carries forward hooks, which the sparse layer would not run"
+    return None
+
+
 def _median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
     def sync() -> None:
         if device.type == "cuda":
@@ -235,6 +270,17 @@ def to_sparse_inference(
     for layers with fewer than ~64 k weights, the CSR call's fixed cost
     outweighs the saved multiply-adds on CPU.
 
+    Only a layer whose call computes ``x Wᵀ + b`` (or the plain convolution)
+    is replaced, so the converted model computes what the model did. These
+    stay dense whatever their sparsity, and the log (level INFO, as for every
+    layer left dense) names each with the reason: a subclass that defines its
+    own ``forward`` (a subclass that keeps ``nn.Linear``'s forward is
+    converted), a layer whose ``forward`` was replaced on the instance, a
+    layer carrying forward hooks or pre-hooks, and the layers inside an
+    ``nn.MultiheadAttention`` or ``nn.TransformerEncoderLayer`` (these read
+    ``out_proj.weight``, and on the encoder layer's inference fast path
+    ``linear1.weight``/``linear2.weight``, instead of calling the layer).
+
     With ``example_input``, the decision is measured instead of guessed:
     each eligible layer is timed dense and sparse on the input it actually
     receives (median of ``repeats``) and converted only if sparse is faster
@@ -276,6 +322,12 @@ def to_sparse_inference(
     if not inplace:
         model = copy.deepcopy(model)
 
+    owners = {  # each layer inside a module that reads its weight, and that module
+        id(sub): owner
+        for owner in model.modules()
+        if isinstance(owner, _READ_BY_OWNER)
+        for sub in owner.modules()
+    }
     candidates: dict[str, nn.Module] = {}
     for name, module in model.named_modules():
         if not (isinstance(module, nn.Linear) or _is_pointwise_conv(module)):
@@ -287,8 +339,13 @@ def to_sparse_inference(
         if numel < max(min_weights, 1):
             continue
         sparsity = 1.0 - int(torch.count_nonzero(weight.detach())) / numel
-        if sparsity >= min_sparsity:
-            candidates[name] = module
+        if sparsity < min_sparsity:
+            continue
+        reason = _why_not_plain(module, owners.get(id(module)))
+        if reason is not None:
+            logger.info("%s stays dense: %s", name, reason)
+            continue
+        candidates[name] = module
 
     def convert(module: nn.Module) -> nn.Module:
         if isinstance(module, nn.Linear):

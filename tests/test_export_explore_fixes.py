@@ -1,0 +1,106 @@
+"""Export and file-writing fixes found by exploratory testing.
+
+`to_sparse_inference` keeps every layer whose call is more than ``x Wᵀ + b``;
+a changed `create_model` model is saved without its spec; `load_sparse` into a
+meta-device model; a damaged `last.pt` of a finished run; `write_atomic` over a
+symlink or a file with its own permissions; the temp-file clean-up; messages.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from feather_sparse.export.inference import SparseLinear, to_sparse_inference
+
+
+# ============================================================ to_sparse_inference
+class _ScaledLinear(nn.Linear):
+    """An ``nn.Linear`` subclass with its own forward (a LoRA-style projection, say)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 0.5
+
+
+class _TaggedLinear(nn.Linear):
+    """A subclass that keeps ``nn.Linear``'s forward: it computes what nn.Linear does."""
+
+
+def _convert(model: nn.Module) -> nn.Module:
+    return to_sparse_inference(model.eval(), min_sparsity=0.0, min_weights=0)
+
+
+def test_a_linear_subclass_with_its_own_forward_stays_dense(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = nn.Sequential(_ScaledLinear(8, 8), nn.ReLU(), _TaggedLinear(8, 4))
+    x = torch.randn(3, 8)
+    with caplog.at_level(logging.INFO, logger="feather_sparse.export.inference"):
+        out = _convert(model)
+    assert type(out[0]) is _ScaledLinear
+    assert isinstance(out[2], SparseLinear)  # same forward as nn.Linear: converted
+    torch.testing.assert_close(out(x), model(x))
+    assert "0 stays dense: its class _ScaledLinear has its own forward" in caplog.text
+
+
+def test_a_layer_with_forward_hooks_or_a_replaced_forward_stays_dense(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 4))
+    model[0].register_forward_hook(lambda _m, _i, out: out.clamp(min=0))
+    model[1].register_forward_pre_hook(lambda _m, args: (args[0] * 2,))
+    plain = model[2].forward
+    model[2].forward = lambda x: plain(x) + 1  # as accelerate-style wrappers do
+    x = torch.randn(3, 8)
+    with caplog.at_level(logging.INFO, logger="feather_sparse.export.inference"):
+        out = _convert(model)
+    assert [type(m) for m in out] == [nn.Linear, nn.Linear, nn.Linear, SparseLinear]
+    torch.testing.assert_close(out(x), model(x))
+    assert "0 stays dense: it carries forward hooks" in caplog.text
+    assert "1 stays dense: it carries forward hooks" in caplog.text
+    assert "2 stays dense: its forward was replaced on the instance" in caplog.text
+
+
+def test_a_1x1_conv_subclass_with_its_own_forward_stays_dense() -> None:
+    class Doubled(nn.Conv2d):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * 2
+
+    model = nn.Sequential(Doubled(4, 4, 1), nn.Conv2d(4, 4, 1))
+    x = torch.randn(2, 4, 3, 3)
+    out = _convert(model)
+    assert type(out[0]) is Doubled and type(out[1]) is not nn.Conv2d
+    torch.testing.assert_close(out(x), model(x))
+
+
+def test_multihead_attention_and_encoder_layers_keep_the_layers_they_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = nn.Sequential(
+        nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, batch_first=True),
+        nn.Linear(16, 16),
+    )
+    x = torch.randn(2, 5, 16)
+    with torch.inference_mode():
+        expected = model.eval()(x)
+    with caplog.at_level(logging.INFO, logger="feather_sparse.export.inference"):
+        out = _convert(model)
+    layer = out[0]
+    assert type(layer.self_attn.out_proj) is type(model[0].self_attn.out_proj)
+    assert type(layer.linear1) is nn.Linear and type(layer.linear2) is nn.Linear
+    assert isinstance(out[1], SparseLinear)
+    with torch.inference_mode():  # the encoder layer's fast path reads linear1.weight
+        torch.testing.assert_close(out(x), expected)
+    assert "0.self_attn.out_proj stays dense: it belongs to an nn.MultiheadAttention" in caplog.text
+    assert "0.linear1 stays dense: it belongs to an nn.TransformerEncoderLayer" in caplog.text
+
+
+def test_a_bare_multihead_attention_runs_after_conversion() -> None:
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+    x = torch.randn(2, 5, 16)
+    out = _convert(mha)
+    assert not any(isinstance(m, SparseLinear) for m in out.modules())
+    torch.testing.assert_close(out(x, x, x)[0], mha(x, x, x)[0])
