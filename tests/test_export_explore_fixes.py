@@ -9,11 +9,13 @@ symlink or a file with its own permissions; the temp-file clean-up; messages.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+import feather_sparse as fs
 from feather_sparse.export.inference import SparseLinear, to_sparse_inference
 
 
@@ -104,3 +106,30 @@ def test_a_bare_multihead_attention_runs_after_conversion() -> None:
     out = _convert(mha)
     assert not any(isinstance(m, SparseLinear) for m in out.modules())
     torch.testing.assert_close(out(x, x, x)[0], mha(x, x, x)[0])
+
+
+# ============================================================ create_model spec
+def test_a_model_changed_without_changing_its_tensors_is_saved_without_its_spec(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = fs.create_model("mnist1d_cnn")
+    for i, module in enumerate(model.features):  # fine-tuned with GELU: same keys and shapes
+        if isinstance(module, nn.ReLU):
+            model.features[i] = nn.GELU()
+    with caplog.at_level(logging.WARNING, logger="feather_sparse.export.fsp"):
+        info = fs.save_sparse(model, tmp_path / "m.fsp")
+    assert info.model_spec is None
+    assert "features.2: model GELU(approximate='none') vs spec ReLU(inplace=True)" in caplog.text
+    with pytest.raises(ValueError):  # no spec: nothing to rebuild a wrong model from
+        fs.load_sparse(tmp_path / "m.fsp")
+
+
+def test_an_unchanged_model_keeps_its_spec_with_a_pruner_attached(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = fs.create_model("mnist1d_mlp")
+    fs.Pruner(model, sparsity=0.5, total_steps=1)  # parametrized layers: the same tree
+    with caplog.at_level(logging.WARNING, logger="feather_sparse.export.fsp"):
+        info = fs.save_sparse(model, tmp_path / "m.fsp")
+    assert info.model_spec is not None and info.model_spec["name"] == "mnist1d_mlp"
+    assert "no longer matches" not in caplog.text

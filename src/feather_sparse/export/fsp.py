@@ -254,13 +254,64 @@ def _meta_model(spec: Mapping[str, Any]) -> nn.Module | None:
         return None
 
 
-def _fitting_spec(model: nn.Module, state: Mapping[str, Tensor]) -> dict[str, Any] | None:
-    """The model's spec, if the model it rebuilds has ``state``'s keys and shapes; else None.
+def _module_tree(model: nn.Module) -> dict[str, str]:
+    """Each module of ``model`` by qualified name: its class and ``extra_repr``.
 
-    A model changed after ``create_model`` built it (a new head, say) no longer
-    fits its spec: the file is written without one, with a warning, so that it
-    never claims an architecture its tensors do not fit. A spec that cannot be
-    built here (a model registered elsewhere) is kept as it is.
+    What a module computes beyond its tensors (an activation, a stride, a
+    padding, a forward replaced on the instance) shows here; a Pruner's
+    parametrizations do not (a parametrized layer is described by its own
+    class, without the ``parametrizations`` it holds).
+    """
+    tree: dict[str, str] = {}
+
+    def walk(module: nn.Module, prefix: str) -> None:
+        cls = parametrize.type_before_parametrizations(module)
+        extra = module.extra_repr()
+        replaced = " with its forward replaced" if "forward" in vars(module) else ""
+        tree[prefix] = f"{cls.__qualname__}({extra}){replaced}"
+        skip = "parametrizations" if parametrize.is_parametrized(module) else None
+        for name, child in module._modules.items():
+            if child is not None and name != skip:
+                walk(child, f"{prefix}.{name}" if prefix else name)
+
+    walk(model, "")
+    return tree
+
+
+def _tree_differences(expected: Mapping[str, str], actual: Mapping[str, str]) -> list[str]:
+    """What differs between the spec's module tree (``expected``) and the model's."""
+    changed = [
+        f"{k or '(the model itself)'}: model {actual[k]} vs spec {expected[k]}"
+        for k in expected
+        if k in actual and actual[k] != expected[k]
+    ]
+    missing = [k for k in expected if k not in actual]
+    added = [k for k in actual if k not in expected]
+
+    def listing(items: list[str]) -> str:
+        return ", ".join(items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
+
+    problems = []
+    if changed:
+        problems.append(f"module changed: {listing(changed)}")
+    if missing:
+        problems.append(f"module missing from the model: {listing(missing)}")
+    if added:
+        problems.append(f"module not in the spec: {listing(added)}")
+    return problems
+
+
+def _fitting_spec(model: nn.Module, state: Mapping[str, Tensor]) -> dict[str, Any] | None:
+    """The model's spec, if the model it rebuilds is this one; else None.
+
+    The rebuilt model must have ``state``'s keys and shapes and the same
+    module tree: each module's qualified name, class and ``extra_repr`` (so
+    an activation swapped for another, or a changed stride, is seen too). A
+    model changed after ``create_model`` built it (a new head, say) no longer
+    fits its spec: the file is written without one, with a warning that names
+    the differences, so that it never claims an architecture it does not have.
+    A spec that cannot be built here (a model registered elsewhere) is kept as
+    it is.
     """
     spec = _model_spec(model)
     if spec is None or "name" not in spec:
@@ -275,6 +326,7 @@ def _fitting_spec(model: nn.Module, state: Mapping[str, Tensor]) -> dict[str, An
     expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
     shapes = {k: tuple(v.shape) for k, v in state.items()}
     problems = _differences(expected, shapes, names=("spec", "model"))
+    problems += _tree_differences(_module_tree(skeleton), _module_tree(model))
     if not problems:
         return spec
     logger.warning(
