@@ -133,3 +133,59 @@ def test_an_unchanged_model_keeps_its_spec_with_a_pruner_attached(
         info = fs.save_sparse(model, tmp_path / "m.fsp")
     assert info.model_spec is not None and info.model_spec["name"] == "mnist1d_mlp"
     assert "no longer matches" not in caplog.text
+
+
+# ============================================================ load into a meta model
+class _Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 6)
+        self.mid = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mid(self.embed(x)))
+
+
+def test_load_sparse_into_a_meta_model_gives_it_the_files_tensors(tmp_path: Path) -> None:
+    saved = _Tied()
+    fs.save_sparse(saved, tmp_path / "m.fsp")
+    with torch.device("meta"):
+        model = _Tied().double()  # its own dtype is kept, as for a real model
+    out = fs.load_sparse(tmp_path / "m.fsp", model)
+    assert out is model
+    assert all(t.device.type == "cpu" for t in [*model.parameters(), *model.buffers()])
+    assert model.head.weight is model.embed.weight  # the tie is kept
+    assert model.mid.weight.dtype == torch.float64 and model.mid.weight.requires_grad
+    for key, value in saved.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[key], value.double(), rtol=0, atol=0)
+    x = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(model(x), saved.double()(x), rtol=0, atol=0)
+
+
+def test_load_sparse_keeps_a_meta_models_untied_weights_apart(tmp_path: Path) -> None:
+    fs.save_sparse(_Tied(), tmp_path / "m.fsp")  # the file ties head to embed
+    with torch.device("meta"):
+        model = _Tied()
+        model.head.weight = nn.Parameter(torch.empty(10, 6))  # this model does not
+    fs.load_sparse(tmp_path / "m.fsp", model)
+    assert model.head.weight is not model.embed.weight
+    assert model.head.weight.data_ptr() != model.embed.weight.data_ptr()
+    torch.testing.assert_close(model.head.weight, model.embed.weight)
+
+
+def test_load_sparse_refuses_a_meta_model_whose_buffers_the_file_does_not_hold(
+    tmp_path: Path,
+) -> None:
+    class WithTable(nn.Linear):
+        def __init__(self) -> None:
+            super().__init__(4, 4)
+            self.register_buffer("table", torch.arange(4.0), persistent=False)
+
+    fs.save_sparse(WithTable(), tmp_path / "m.fsp")
+    with torch.device("meta"):
+        model = WithTable()
+    with pytest.raises(ValueError, match=r"table is on the meta device.*to_empty"):
+        fs.load_sparse(tmp_path / "m.fsp", model)
+    assert model.weight.is_meta  # refused before anything changed

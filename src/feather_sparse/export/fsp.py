@@ -992,6 +992,14 @@ def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) ->
     the model's train/eval mode is left as it is. A model wrapped by
     ``torch.compile`` is loaded through the model it wraps.
 
+    A model built on the ``meta`` device (``with torch.device("meta"):``, to
+    build a large model without allocating it) gets the file's tensors instead,
+    on the CPU and in the model's own dtypes, as
+    ``load_state_dict(..., assign=True)`` gives them (tied weights stay tied);
+    move it with ``model.to(device)`` afterwards. A meta tensor the file does
+    not hold (a non-persistent buffer) cannot be filled: such a model is
+    refused before anything changes.
+
     Args:
         path: a file written by :func:`save_sparse`.
         model: the model to load into. ``None`` rebuilds it with
@@ -1008,8 +1016,10 @@ def load_sparse(path: str | os.PathLike[str], model: nn.Module | None = None) ->
         IsADirectoryError: if ``path`` is a folder.
         ValueError: for a truncated or corrupted file, another format version,
             a model of another architecture (checked before the model is
-            built when ``model`` is ``None``), or ``model=None`` with a file
-            that has no model spec, or whose spec does not build its tensors.
+            built when ``model`` is ``None``), ``model=None`` with a file
+            that has no model spec, or whose spec does not build its tensors,
+            or a model with a tensor on the meta device that the file does not
+            hold.
     """
     return _load_sparse(path, model)
 
@@ -1035,8 +1045,60 @@ def _load_sparse(
         model = _model_from_spec(info)
     target = _unwrap_compiled(model)
     _check_architecture(target, info)
-    target.load_state_dict(_decode_all(info, data), strict=True)
+    state = _decode_all(info, data)
+    _materialize_meta(target, state, info.path)
+    target.load_state_dict(state, strict=True)
     return model
+
+
+def _materialize_meta(model: nn.Module, state: Mapping[str, Tensor], path: str) -> None:
+    """Give each ``meta`` parameter and buffer of ``model`` its file tensor, in place.
+
+    A model built on the meta device (shapes, no memory) has nothing to copy
+    into: each such tensor is replaced by the file's, on the CPU and in the
+    model's own dtype, as ``load_state_dict(..., assign=True)`` would, except
+    that a tensor the model shares between modules (tied weights) stays one
+    tensor, and one the model does not share is never tied by the file.
+    A meta tensor that the file does not hold (a non-persistent buffer) cannot
+    be given values: the model is refused before anything is changed.
+    """
+    slots_of: list[tuple[dict[str, Any], str, str]] = []  # (slots, attribute, state key)
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        prefix = f"{module_name}." if module_name else ""
+        for slots in (module._parameters, module._buffers):
+            for name, tensor in slots.items():
+                if isinstance(tensor, Tensor) and tensor.is_meta:
+                    slots_of.append((slots, name, prefix + name))
+    if not slots_of:
+        return
+    unfilled = sorted({key for _, _, key in slots_of if key not in state})
+    if unfilled:
+        shown = ", ".join(unfilled[:5]) + (
+            f" (+{len(unfilled) - 5} more)" if len(unfilled) > 5 else ""
+        )
+        raise ValueError(
+            f"cannot load {path} into a model on the meta device: {shown} "
+            f"{'is' if len(unfilled) == 1 else 'are'} on the meta device and not stored in the "
+            "file (non-persistent buffers), so nothing would give them values; build the model "
+            "on a real device (or call model.to_empty(device='cpu') and initialise those "
+            "buffers) before load_sparse"
+        )
+    new: dict[int, Tensor] = {}  # by the meta tensor: a tied one gets one real tensor
+    used: set[int] = set()  # the memory of file tensors given out already (aliases share it)
+    for slots, name, key in slots_of:
+        meta = slots[name]
+        if id(meta) not in new:
+            value = state[key].detach()
+            value = value.to(meta.dtype) if value.dtype != meta.dtype else value
+            memory = value.untyped_storage().data_ptr()
+            if memory in used:
+                value = value.clone()  # the file ties what this model keeps apart
+            else:
+                used.add(memory)
+            if isinstance(meta, nn.Parameter):
+                value = nn.Parameter(value, requires_grad=meta.requires_grad)
+            new[id(meta)] = value
+        slots[name] = new[id(meta)]
 
 
 _COMPILED_PREFIX = "_orig_mod."
