@@ -385,6 +385,38 @@ def move_in_place(param: nn.Parameter, device: torch.device) -> None:
         param.grad = grad
 
 
+def damaged_state(what: str) -> ValueError:
+    """The error for a backbone state that is not what its ``state_dict`` writes.
+
+    A backbone's ``load_state_dict`` checks the whole state before it changes
+    anything, so the message can promise that nothing was loaded.
+
+    Args:
+        what: the entry and what is wrong with it ("the ASL+ backbone's 'sigma'
+            must be finite and >= 0, got nan").
+
+    Returns:
+        The ``ValueError`` to raise.
+    """
+    return ValueError(
+        f"not a valid Pruner state: {what} (the state is damaged, or was not written by "
+        "Pruner.state_dict); nothing was loaded"
+    )
+
+
+def other_model_state(what: str) -> ValueError:
+    """The error for a backbone state that does not fit the layers (their number or shapes).
+
+    Args:
+        what: the entry and how it differs from the layers ("the Spartan backbone's
+            'frozen_masks' entry of layer '2' has shape (8, 64), the layer needs (8, 32)").
+
+    Returns:
+        The ``ValueError`` to raise.
+    """
+    return ValueError(f"Pruner state: {what}: it was saved from another model; nothing was loaded")
+
+
 def allocate(shares: Sequence[float], sizes: Sequence[int], total: int) -> list[int]:
     """Split ``total`` pruned weights among tensors in proportion to ``shares``, exactly.
 
@@ -776,19 +808,76 @@ class ASLPlusBackbone(Backbone):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        r = state["r"]
+        """Restore ``r_l``, ``σ_l``, the loss's target and whether ``r_l`` started.
+
+        The whole state is checked before anything is changed: ``r_l`` are the
+        Parameters the optimizer trains, written in place.
+
+        Args:
+            state: a dict :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: when the state holds another number of layers (a state
+                saved from another model), or is not what :meth:`state_dict` writes
+                (an entry missing; ``r`` and ``sigma`` a 1-d float tensor of finite
+                values, ``sigma`` >= 0; ``target`` a number in [0, 1);
+                ``initialized`` a bool): the state is damaged. Nothing is changed then.
+        """
+        missing = [key for key in ("r", "sigma", "target", "initialized") if key not in state]
+        if missing:
+            raise damaged_state(f"the ASL+ backbone's state lacks {', '.join(map(repr, missing))}")
+        r, sigma, target, initialized = (state[k] for k in ("r", "sigma", "target", "initialized"))
+        for key, saved in (("r", r), ("sigma", sigma)):
+            if not isinstance(saved, Tensor) or saved.dim() != 1 or not saved.is_floating_point():
+                got = (
+                    f"a {saved.dtype} tensor of shape {tuple(saved.shape)}"
+                    if isinstance(saved, Tensor)
+                    else type(saved).__name__
+                )
+                raise damaged_state(
+                    f"the ASL+ backbone's {key!r} is {got}, where state_dict() writes a 1-d "
+                    "float tensor, one value per layer"
+                )
         if r.numel() != len(self.r):
-            raise ValueError(
-                f"ASL+ state holds {r.numel()} thresholds, this model has {len(self.r)}"
+            raise other_model_state(
+                f"the ASL+ backbone holds {r.numel()} thresholds, this model has {len(self.r)}"
+            )
+        if sigma.numel() != r.numel():  # both are written for every layer
+            raise damaged_state(
+                f"the ASL+ backbone's 'sigma' holds {sigma.numel()} values for its "
+                f"{r.numel()} thresholds"
+            )
+        # r_l is clamped where it is used, but NaN passes a clamp; σ_l is a std
+        for key, saved, good, written in (
+            ("r", r, torch.isfinite(r), "a finite number"),
+            ("sigma", sigma, torch.isfinite(sigma) & (sigma >= 0), "a finite number >= 0"),
+        ):
+            bad = (~good).nonzero().flatten().tolist()
+            if bad:
+                raise damaged_state(
+                    f"the ASL+ backbone's {key!r} entry of layer {self.targets[bad[0]].name!r} "
+                    f"is {saved[bad[0]].item()!r}, where state_dict() writes {written}"
+                )
+        if (
+            isinstance(target, bool)
+            or not isinstance(target, (int, float))
+            or not 0.0 <= target < 1.0
+        ):
+            raise damaged_state(
+                f"the ASL+ backbone's 'target' must be a number in [0, 1), got {target!r}"
+            )
+        if not isinstance(initialized, bool):
+            raise damaged_state(
+                f"the ASL+ backbone's 'initialized' must be a bool, got {initialized!r}"
             )
         with torch.no_grad():  # in place: the optimizer keeps the same Parameter objects
             for p, value in zip(self.r, r):
                 p.copy_(value)
         # copies: not the caller's tensors (which may be inference tensors, from a
         # torch.load in inference mode, and could not be saved for the backward)
-        self._sigma = [s.to(p.device, copy=True) for s, p in zip(state["sigma"], self.r)]
-        self._target = float(state["target"])
-        self._initialized = bool(state["initialized"])
+        self._sigma = [s.to(p.device, copy=True) for s, p in zip(sigma, self.r)]
+        self._target = float(target)
+        self._initialized = initialized
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "lam": self.lam, "init": self.init, "r_max": self.r_max}

@@ -1,0 +1,179 @@
+"""A damaged backbone state is refused before anything of it is loaded.
+
+ASL+, Spartan and the N:M backbone (S-STE, one-shot) each check the whole of
+their saved state (its keys, the number and shapes of its per-layer entries,
+their types and values) before they change anything, and refuse a bad one
+with a ``ValueError``: "not a valid Pruner state: ... (the state is damaged,
+...); nothing was loaded", or "...: it was saved from another model" for
+entries that do not fit the layers. The Pruner that refused a state goes on
+exactly as its twin that was never given one: the same state, and after one
+more training step the same forward.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import feather_sparse as fs
+from test_pruner_guards import damaged
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+STEPS = 10  # Spartan freezes its masks at step 8 (freeze_at = 0.8)
+
+
+def mlp(hidden: int = 32) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, hidden), nn.ReLU(), nn.Linear(hidden, 8))
+
+
+def batch(step: int) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(step)
+    return torch.randn(8, 16, generator=gen), torch.randint(0, 8, (8,), generator=gen)
+
+
+@dataclass
+class Run:
+    """A model, its Pruner and an optimizer of both (ASL+'s thresholds train too)."""
+
+    model: nn.Module
+    pruner: fs.Pruner
+    optimizer: torch.optim.Optimizer
+
+    def step(self) -> None:
+        x, y = batch(self.pruner.current_step)
+        loss = F.cross_entropy(self.model(x), y) + self.pruner.regularizer()
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.pruner.step()
+
+
+def run(method: str, steps: int, hidden: int = 32) -> Run:
+    """A Run of ``method`` (a backbone, or a method of ``make_pruner``), trained ``steps``."""
+    model = mlp(hidden)
+    if method == "asl+":
+        pruner = fs.Pruner(model, 0.8, total_steps=STEPS, backbone="asl+")
+    elif method == "spartan":
+        pruner = fs.make_pruner(model, "spartan", sparsity=0.8, total_steps=STEPS)
+    else:
+        pruner = fs.make_pruner(model, method, pattern="2:4", total_steps=STEPS)
+    optimizer = torch.optim.SGD(list(model.parameters()) + pruner.parameters(), lr=0.1)
+    out = Run(model, pruner, optimizer)
+    for _ in range(steps):
+        out.step()
+    return out
+
+
+def assert_same(a: Any, b: Any) -> None:
+    """Two states hold the same keys, types and values (tensors bit for bit)."""
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    elif isinstance(a, Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    else:
+        assert a == b
+
+
+def assert_refused_and_goes_on(method: str, steps: int, bad: dict[str, Any], message: str) -> None:
+    """A Pruner of ``method`` trained ``steps`` refuses ``bad`` with ``message``; nothing of
+    it is loaded: its state is as before, and one more step gives its twin's forward."""
+    live, twin = run(method, steps), run(method, steps)
+    before = copy.deepcopy(live.pruner.state_dict())
+    with pytest.raises(ValueError, match=message):
+        live.pruner.load_state_dict(bad)
+    assert_same(live.pruner.state_dict(), before)
+    for each in (live, twin):
+        each.step()
+    assert_same(live.pruner.state_dict(), twin.pruner.state_dict())
+    x, _ = batch(STEPS)
+    assert torch.equal(live.model(x), twin.model(x))
+
+
+NOTHING = r"\(the state is damaged, or was not written by Pruner.state_dict\); nothing was loaded"
+ANOTHER_MODEL = "it was saved from another model; nothing was loaded"
+
+
+# ---------------------------------------------------------------------- ASL+
+def short(values: Tensor) -> Tensor:
+    return values[:1].clone()
+
+
+def nan_at(index: int) -> Callable[[Tensor], Tensor]:
+    def change(values: Tensor) -> Tensor:
+        out = values.clone()
+        out[index] = math.nan
+        return out
+
+    return change
+
+
+ASL_DAMAGE: list[tuple[str, Any, str]] = [
+    ("r", ..., "the ASL\\+ backbone's state lacks 'r'"),
+    ("sigma", ..., "the ASL\\+ backbone's state lacks 'sigma'"),
+    ("target", ..., "the ASL\\+ backbone's state lacks 'target'"),
+    ("initialized", ..., "the ASL\\+ backbone's state lacks 'initialized'"),
+    ("r", [0.5, 0.5], "the ASL\\+ backbone's 'r' is list, where state_dict\\(\\) writes a 1-d"),
+    ("sigma", short, "the ASL\\+ backbone's 'sigma' holds 1 values for its 2 thresholds"),
+    ("r", nan_at(1), "the ASL\\+ backbone's 'r' entry of layer '2' is nan"),
+    ("sigma", nan_at(0), "the ASL\\+ backbone's 'sigma' entry of layer '0' is nan"),
+    ("target", 7.0, "the ASL\\+ backbone's 'target' must be a number in \\[0, 1\\), got 7.0"),
+    ("initialized", "yes", "the ASL\\+ backbone's 'initialized' must be a bool, got 'yes'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    ASL_DAMAGE,
+    ids=[
+        "no-r",
+        "no-sigma",
+        "no-target",
+        "no-initialized",
+        "r-list",
+        "sigma-short",
+        "r-nan",
+        "sigma-nan",
+        "target-7",
+        "initialized-str",
+    ],
+)
+def test_a_damaged_asl_state_is_refused_and_the_thresholds_are_kept(
+    key: str, value: Any, message: str
+) -> None:
+    """A missing 'sigma' was a bare KeyError after the state's r had overwritten the
+    live, trained r_l; a short 'sigma' was accepted and the next step failed."""
+    saved = run("asl+", 2).pruner.state_dict()
+    if callable(value):
+        value = value(saved["backbone"][key])
+    bad = damaged(saved, f"backbone.{key}", value)
+    assert_refused_and_goes_on("asl+", 6, bad, f"not a valid Pruner state: {message}.*{NOTHING}")
+
+
+def test_an_asl_state_of_another_model_says_so() -> None:
+    three = fs.Pruner(
+        nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)), 0.5, 10, backbone="asl+"
+    )
+    two = run("asl+", 2)
+    r = [p.detach().clone() for p in two.pruner.parameters()]
+    with pytest.raises(
+        ValueError, match=f"ASL\\+ backbone holds 3 thresholds, this model has 2: {ANOTHER_MODEL}"
+    ):
+        two.pruner.backbone.load_state_dict(three.backbone.state_dict())
+    assert all(torch.equal(a, b.detach()) for a, b in zip(r, two.pruner.parameters()))
