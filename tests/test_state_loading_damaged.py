@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 import feather_sparse as fs
 from test_pruner_guards import damaged
@@ -177,3 +178,103 @@ def test_an_asl_state_of_another_model_says_so() -> None:
     ):
         two.pruner.backbone.load_state_dict(three.backbone.state_dict())
     assert all(torch.equal(a, b.detach()) for a, b in zip(r, two.pruner.parameters()))
+
+
+# ---------------------------------------------------------------------- Spartan
+@pytest.fixture(scope="module")
+def frozen_state() -> dict[str, Any]:
+    """A Spartan state saved after the freeze (step 9 of 10)."""
+    state = run("spartan", 9).pruner.state_dict()
+    assert state["backbone"]["frozen"]
+    return state
+
+
+def test_a_spartan_state_of_a_model_with_other_shapes_is_refused_naming_the_layer(
+    frozen_state: dict[str, Any],
+) -> None:
+    """The same layer names, wider: accepted before, and the first forward failed
+    with a raw shape error."""
+    model = mlp(hidden=64)
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"the Spartan backbone's 'frozen_masks' entry of layer '0' has shape \(32, 16\), "
+            rf"the layer needs \(64, 16\): {ANOTHER_MODEL}"
+        ),
+    ):
+        fs.Pruner.from_state_dict(model, frozen_state)
+    assert not any(parametrize.is_parametrized(m) for m in model.modules())
+
+
+def scaled(factor: float, index: int = 0) -> Callable[[list[Tensor]], list[Tensor]]:
+    def change(masks: list[Tensor]) -> list[Tensor]:
+        out = [m.clone() for m in masks]
+        out[index] = out[index] * factor
+        return out
+
+    return change
+
+
+def masks_as(dtype: torch.dtype) -> Callable[[list[Tensor]], list[Tensor]]:
+    return lambda masks: [m.to(dtype) for m in masks]
+
+
+SPARTAN_DAMAGE: list[tuple[str, Any, str]] = [
+    ("frozen_masks", ..., f"the Spartan backbone's state lacks 'frozen_masks'.*{NOTHING}"),
+    ("threshold", ..., f"the Spartan backbone's state lacks 'threshold'.*{NOTHING}"),
+    (
+        "frozen_masks",
+        lambda m: m[:1],
+        f"'frozen_masks' holds 1 masks for 2 layers: {ANOTHER_MODEL}",
+    ),
+    (
+        "beta",
+        math.nan,
+        f"the Spartan backbone's 'beta' must be a finite number > 0, got nan.*{NOTHING}",
+    ),
+    ("beta", -5.0, "the Spartan backbone's 'beta' must be a finite number > 0, got -5.0"),
+    ("frozen", "yes", "the Spartan backbone's 'frozen' must be a bool, got 'yes'"),
+    ("sparsity", 7.0, "the Spartan backbone's 'sparsity' must be a number in \\[0, 1\\), got 7.0"),
+    (
+        "threshold",
+        torch.tensor(math.nan),
+        "the Spartan backbone's 'threshold' must be finite and >= 0",
+    ),
+    ("threshold", 0.1, "the Spartan backbone's 'threshold' must be a one-element float tensor"),
+    (
+        "frozen_masks",
+        scaled(3.0),
+        "'frozen_masks' entry of layer '0' holds values outside \\[0, 1\\]",
+    ),
+    ("frozen_masks", scaled(math.nan, 1), "'frozen_masks' entry of layer '2' holds values outside"),
+    ("frozen_masks", masks_as(torch.bool), "'frozen_masks' entry of layer '0' is torch.bool"),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    SPARTAN_DAMAGE,
+    ids=[
+        "no-masks",
+        "no-threshold",
+        "one-mask-short",
+        "beta-nan",
+        "beta-negative",
+        "frozen-str",
+        "sparsity-7",
+        "threshold-nan",
+        "threshold-float",
+        "mask-above-1",
+        "mask-nan",
+        "mask-bool",
+    ],
+)
+def test_a_damaged_spartan_state_is_refused_before_anything_is_set(
+    frozen_state: dict[str, Any], key: str, value: Any, message: str
+) -> None:
+    """Before, β and the frozen flag were set first (a missing key then left a
+    frozen Pruner without masks), and the rest was taken as it came."""
+    if callable(value):
+        value = value(frozen_state["backbone"][key])
+    bad = damaged(frozen_state, f"backbone.{key}", value)
+    assert_refused_and_goes_on("spartan", 3, bad, message)

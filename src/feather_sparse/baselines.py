@@ -40,7 +40,9 @@ from feather_sparse.backbones import (
     Backbone,
     PruneTarget,
     _WarmStart,
+    damaged_state,
     on_device,
+    other_model_state,
     outside_inference_mode,
 )
 from feather_sparse.ops import OPERATORS, Operator, compute_dtype
@@ -582,21 +584,111 @@ class SpartanBackbone(Backbone):
         """Restore; the soft masks are recomputed from the (restored) weights, as at that step.
 
         Reads what :meth:`state_dict` writes and the states of earlier versions
-        (no masks before the freeze, no threshold before the first update).
+        (no masks before the freeze, no threshold before the first update). The
+        whole state is checked before anything is changed.
 
         Args:
             state: a dict :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: naming the layer, when the frozen masks do not fit the layers
+                (their number or shapes: a state saved from another model), or when
+                the state is not what :meth:`state_dict` writes (an entry missing; β
+                not finite and > 0; ``frozen`` not a bool; the sparsity outside
+                [0, 1); the threshold not a finite float >= 0; a mask not a float
+                tensor with values in [0, 1]): the state is damaged. Nothing is
+                changed then.
         """
+        keys = ("beta", "frozen", "sparsity", "threshold", "frozen_masks")
+        missing = [key for key in keys if key not in state]
+        if missing:
+            raise damaged_state(
+                f"the Spartan backbone's state lacks {', '.join(map(repr, missing))}"
+            )
+        beta, frozen, sparsity, threshold, masks = (state[key] for key in keys)
+        if (
+            isinstance(beta, bool)
+            or not isinstance(beta, (int, float))
+            or not (math.isfinite(beta) and beta > 0)
+        ):
+            raise damaged_state(
+                f"the Spartan backbone's 'beta' must be a finite number > 0, got {beta!r}"
+            )
+        if not isinstance(frozen, bool):
+            raise damaged_state(f"the Spartan backbone's 'frozen' must be a bool, got {frozen!r}")
+        if (
+            isinstance(sparsity, bool)
+            or not isinstance(sparsity, (int, float))
+            or not 0.0 <= sparsity < 1.0
+        ):
+            raise damaged_state(
+                f"the Spartan backbone's 'sparsity' must be a number in [0, 1), got {sparsity!r}"
+            )
+        if threshold is not None or frozen:  # None: an earlier version, before any update
+            if (
+                not isinstance(threshold, Tensor)
+                or threshold.numel() != 1
+                or not threshold.is_floating_point()
+            ):
+                raise damaged_state(
+                    "the Spartan backbone's 'threshold' must be a one-element float tensor, "
+                    f"got {threshold!r}"
+                )
+            if not (math.isfinite(float(threshold)) and float(threshold) >= 0):
+                raise damaged_state(
+                    "the Spartan backbone's 'threshold' must be finite and >= 0, "
+                    f"got {float(threshold)!r}"
+                )
+        if not isinstance(masks, (list, tuple)):
+            raise damaged_state(
+                "the Spartan backbone's 'frozen_masks' must be a list of tensors, "
+                f"got {type(masks).__name__}"
+            )
+        if masks or frozen:  # empty: an earlier version, before the freeze
+            self._check_masks(masks)
         self.beta = float(state["beta"])
-        self.frozen = bool(state["frozen"])
-        self._sparsity = float(state["sparsity"])
+        self.frozen = frozen
+        self._sparsity = float(sparsity)
         if self.frozen:
+            assert threshold is not None
             devices = [t.weight.device for t in self.targets]
-            self._frozen_masks = [m.to(d) for m, d in zip(state["frozen_masks"], devices)]
-            self._threshold = state["threshold"].to(devices[0])
+            self._frozen_masks = [m.to(d) for m, d in zip(masks, devices)]
+            self._threshold = threshold.reshape(()).to(devices[0])
             self._masks = None
         else:
             self._solve(self._sparsity)
+
+    def _check_masks(self, masks: Sequence[Any]) -> None:
+        """Raise unless ``masks`` are what :meth:`state_dict` writes for these layers.
+
+        Raises:
+            ValueError: for another number of masks or another shape (a state saved
+                from another model), or a mask that is not a float tensor with values
+                in [0, 1] (a frozen mask is the soft mask times the hard one).
+        """
+        if len(masks) != len(self.targets):
+            raise other_model_state(
+                f"the Spartan backbone's 'frozen_masks' holds {len(masks)} masks for "
+                f"{len(self.targets)} layers"
+            )
+        for m, t in zip(masks, self.targets):
+            want = tuple(t.weight.shape)
+            if not isinstance(m, Tensor) or tuple(m.shape) != want:
+                got = tuple(m.shape) if isinstance(m, Tensor) else type(m).__name__
+                raise other_model_state(
+                    f"the Spartan backbone's 'frozen_masks' entry of layer {t.name!r} has "
+                    f"shape {got}, the layer needs {want}"
+                )
+            if not m.is_floating_point():
+                raise damaged_state(
+                    f"the Spartan backbone's 'frozen_masks' entry of layer {t.name!r} is "
+                    f"{m.dtype}, where state_dict() writes the layer's float dtype"
+                )
+            if not bool(((m >= 0) & (m <= 1)).all()):  # NaN fails both
+                raise damaged_state(
+                    f"the Spartan backbone's 'frozen_masks' entry of layer {t.name!r} holds "
+                    "values outside [0, 1] (or NaN), where state_dict() writes a mask in [0, 1]"
+                )
 
     def config(self) -> dict[str, Any]:
         return {
