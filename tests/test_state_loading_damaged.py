@@ -278,3 +278,28 @@ def test_a_damaged_spartan_state_is_refused_before_anything_is_set(
         value = value(frozen_state["backbone"][key])
     bad = damaged(frozen_state, f"backbone.{key}", value)
     assert_refused_and_goes_on("spartan", 3, bad, message)
+
+
+# ---------------------------------------------------------------------- S-STE, one-shot
+@pytest.mark.parametrize(
+    ("method", "key", "value"),
+    [("s-ste", "beta", ...), ("s-ste", "beta", None), ("oneshot-nm", "masks", ...)],
+    ids=["s-ste-no-beta", "s-ste-beta-none", "oneshot-no-masks"],
+)
+def test_an_nm_state_taken_without_its_beta_or_masks_is_refused(
+    method: str, key: str, value: Any
+) -> None:
+    """``taken`` says β (S-STE) or the masks (one-shot) were taken: a state without
+    them is damaged, not an earlier version's "not taken yet" (β was measured again
+    from the current weights, and the resumed forward differed from the saved run's)."""
+    saved = run(method, 6).pruner.state_dict()
+    assert saved["backbone"]["taken"] is True
+    bad = damaged(saved, f"backbone.{key}", value)
+    missing = "missing" if value is ... else "None"
+    assert_refused_and_goes_on(
+        method,
+        6,
+        bad,
+        f"not a valid Pruner state: the N:M backbone's '{key}' is {missing}, where "
+        f"state_dict\\(\\) writes one entry per layer.*{NOTHING}",
+    )

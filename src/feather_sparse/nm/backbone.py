@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from feather_sparse.backbones import BACKBONES, Backbone, PruneTarget, on_device
+from feather_sparse.backbones import (
+    BACKBONES,
+    Backbone,
+    PruneTarget,
+    damaged_state,
+    on_device,
+    other_model_state,
+)
 from feather_sparse.distributed import (
     all_reduce_sum,
     is_dtensor,
@@ -633,26 +640,27 @@ class NMBackbone(Backbone):
         Raises:
             ValueError: naming the layer, when a saved mask or β does not fit it
                 (a state saved from another model), or is not what :meth:`state_dict`
-                writes (a bool mask; a float β, finite and > 0; a bool ``"taken"``):
-                the state is damaged. Nothing is changed then.
+                writes (a bool mask; a float β, finite and > 0; a bool ``"taken"``, and
+                with it β and the masks of the options that are on): the state is
+                damaged. Nothing is changed then.
         """
 
         def on(key: str, saved: Any) -> list[Tensor] | None:
             if saved is None:
                 return None
             if not isinstance(saved, (list, tuple)) or len(saved) != len(self.targets):
-                raise ValueError(
-                    f"Pruner state: the N:M backbone's {key!r} holds "
+                raise other_model_state(
+                    f"the N:M backbone's {key!r} holds "
                     f"{len(saved) if isinstance(saved, (list, tuple)) else type(saved).__name__} "
-                    f"entries for {len(self.targets)} layers: it was saved from another model"
+                    f"entries for {len(self.targets)} layers"
                 )
             for s, t in zip(saved, self.targets):
                 want = tuple(t.weight.shape) if key == "masks" else ()
                 if not isinstance(s, Tensor) or tuple(s.shape) != want:
                     got = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
-                    raise ValueError(
-                        f"Pruner state: the N:M backbone's {key!r} entry of layer {t.name!r} "
-                        f"has shape {got}, the layer needs {want}: it was saved from another model"
+                    raise other_model_state(
+                        f"the N:M backbone's {key!r} entry of layer {t.name!r} "
+                        f"has shape {got}, the layer needs {want}"
                     )
                 if key == "masks":
                     bad, got, written = s.dtype != torch.bool, str(s.dtype), "a bool mask"
@@ -661,21 +669,30 @@ class NMBackbone(Backbone):
                     bad, got = not (math.isfinite(value) and value > 0), repr(s.item())
                     written = "a float β, finite and > 0"
                 if bad:
-                    raise ValueError(
-                        f"not a valid Pruner state: the N:M backbone's {key!r} entry of layer "
-                        f"{t.name!r} is {got}, where state_dict() writes {written} (the state "
-                        "is damaged, or was not written by Pruner.state_dict); nothing was loaded"
+                    raise damaged_state(
+                        f"the N:M backbone's {key!r} entry of layer {t.name!r} is {got}, "
+                        f"where state_dict() writes {written}"
                     )
             return [s.to(t.weight.device) for s, t in zip(saved, self.targets)]
 
         beta, masks = on("beta", state.get("beta")), on("masks", state.get("masks"))
         taken = state.get("taken", beta is not None or masks is not None)  # earlier: None
         if not isinstance(taken, bool):
-            raise ValueError(
-                f"not a valid Pruner state: the N:M backbone's 'taken' is {taken!r}, where "
-                "state_dict() writes a bool (the state is damaged, or was not written by "
-                "Pruner.state_dict); nothing was loaded"
+            raise damaged_state(
+                f"the N:M backbone's 'taken' is {taken!r}, where state_dict() writes a bool"
             )
+        # States with "taken" hold β and the masks whenever their option is on (placeholders
+        # until taken): None there is damage, not an earlier version's "not taken yet".
+        if "taken" in state:
+            for key, enabled, saved in (
+                ("beta", self.rescale, beta),
+                ("masks", self.freeze, masks),
+            ):
+                if enabled and saved is None:
+                    raise damaged_state(
+                        f"the N:M backbone's {key!r} is {state.get(key, 'missing')}, where "
+                        "state_dict() writes one entry per layer"
+                    )
         self._beta, self._masks = (beta, masks) if taken else (None, None)
         self._taken = None  # kept as loaded
         self.release()
