@@ -9,6 +9,7 @@ symlink or a file with its own permissions; the temp-file clean-up; messages.
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,11 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
+from _helpers import tiny_config, tiny_run
+from feather_sparse import cli
 from feather_sparse.export.inference import SparseLinear, to_sparse_inference
+from feather_sparse.export.run import load_export_source
+from feather_sparse.train import train
 
 
 # ============================================================ to_sparse_inference
@@ -189,3 +194,65 @@ def test_load_sparse_refuses_a_meta_model_whose_buffers_the_file_does_not_hold(
     with pytest.raises(ValueError, match=r"table is on the meta device.*to_empty"):
         fs.load_sparse(tmp_path / "m.fsp", model)
     assert model.weight.is_meta  # refused before anything changed
+
+
+# ============================================================ export RUN, last.pt damaged
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 3-epoch tiny run: model.fsp, last.pt (epoch 3) and prev.pt (epoch 2)."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    train(tiny_config(tiny_run(train_size=128, test_size=64, eval_batch_size=64)), run)
+    return run
+
+
+def _damaged_copy(run: Path, tmp_path: Path, *, keep_previous: bool) -> Path:
+    copy = Path(shutil.copytree(run, tmp_path / "run"))
+    last = copy / "checkpoints" / "last.pt"
+    data = bytearray(last.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    last.write_bytes(bytes(data))
+    if not keep_previous:
+        (copy / "checkpoints" / "prev.pt").unlink()
+    return copy
+
+
+def _same_model(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("keep_previous", [True, False])
+def test_a_finished_run_with_a_damaged_last_checkpoint_exports_its_model_fsp(
+    finished_run: Path, tmp_path: Path, keep_previous: bool
+) -> None:
+    run = _damaged_copy(finished_run, tmp_path, keep_previous=keep_previous)
+    source = load_export_source(run)
+    assert source.path == run / "model.fsp"
+    assert _same_model(source.model, fs.load_sparse(run / "model.fsp"))
+    assert source.warning is not None
+    assert "last.pt" in source.warning and f"final model {run / 'model.fsp'}" in source.warning
+
+
+def test_the_command_line_names_model_fsp_when_it_exports_it_for_last_pt(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _damaged_copy(finished_run, tmp_path, keep_previous=False)
+    assert cli.main(["export", str(run), "-o", str(tmp_path / "out.fsp")]) == 0
+    assert f"exported the run's final model {run / 'model.fsp'} instead" in capsys.readouterr().err
+    assert _same_model(fs.load_sparse(tmp_path / "out.fsp"), fs.load_sparse(run / "model.fsp"))
+
+
+def test_a_damaged_model_fsp_is_not_exported_for_a_damaged_last_pt(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    run = _damaged_copy(finished_run, tmp_path, keep_previous=True)
+    final = run / "model.fsp"
+    data = bytearray(final.read_bytes())
+    data[-10] ^= 0xFF  # in the tensor data: the checksum of that tensor fails
+    final.write_bytes(bytes(data))
+    source = load_export_source(run)  # prev.pt, as before, and the warning says why
+    assert source.path == run / "checkpoints" / "prev.pt"
+    assert source.warning is not None and f"{final} is damaged too" in source.warning
+    (run / "checkpoints" / "prev.pt").unlink()
+    with pytest.raises(ValueError, match=r"final model .*model\.fsp cannot be read either"):
+        load_export_source(run)

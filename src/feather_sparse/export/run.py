@@ -33,7 +33,7 @@ from feather_sparse.export.fsp import (
     save_sparse,
 )
 from feather_sparse.export.header import SparseFileInfo, _describe_spec
-from feather_sparse.integrity import first_line
+from feather_sparse.integrity import IntegrityError, first_line
 from feather_sparse.nm import NMBackbone
 from feather_sparse.pruner import Pruner
 from feather_sparse.run_files import (
@@ -90,7 +90,9 @@ def source_paths(source: Path) -> list[Path]:
     The file :func:`resolve_source` picks and, for a training run (a run
     folder, or its ``checkpoints/last.pt`` or ``prev.pt``), the run's
     ``checkpoints`` folder: a resume, and an export that falls back from a
-    damaged ``last.pt``, read what is there.
+    damaged ``last.pt``, read what is there. For a run folder, its final
+    model ``model.fsp`` too, when there: an export of the run reads it in
+    place of a damaged ``last.pt``.
 
     Args:
         source: a training run folder, or a checkpoint or model file.
@@ -103,7 +105,8 @@ def source_paths(source: Path) -> list[Path]:
     folder = checkpoint_path(source).parent if source.is_dir() else path.parent
     in_run = source.is_dir() or path.name in (LAST_NAME, PREVIOUS_NAME)
     if in_run and folder.name == CHECKPOINTS_DIR and folder.is_dir():
-        return [folder, path]
+        final = source / MODEL_NAME
+        return [folder, path, final] if source.is_dir() and final.is_file() else [folder, path]
     return [path]
 
 
@@ -363,6 +366,78 @@ def reencode_sparse(
     return save_sparse(state, target, values=values or info.values, metadata=info.metadata)
 
 
+def _from_sparse_file(path: Path, warning: str | None = None) -> ExportSource:
+    """The model a ``.fsp`` rebuilds (read whole: each tensor's checksum is verified)."""
+    info = inspect_sparse(path)
+    if not _has_spec(info):
+        raise NoModelSpecError(path)
+    model = load_sparse(path)
+    return ExportSource(
+        model=model.eval(),
+        metadata=dict(info.metadata),
+        path=path,
+        values=info.values,
+        warning=warning,
+    )
+
+
+def _step_of(value: Any) -> int | None:
+    return _optional_int(value.get("step")) if isinstance(value, dict) else None
+
+
+def _from_run_checkpoints(run: Path, sparsity: float | None) -> ExportSource:
+    """The model of a run folder whose ``last.pt`` is there (intact or not).
+
+    An intact ``last.pt`` is exported. A damaged one is passed over for the
+    run's final model, ``model.fsp``, when the run wrote one (it finished) and
+    no checkpoint is newer than it, and that file is intact; else for
+    ``prev.pt``, as a resume would. ``model.fsp`` is finalized already: with
+    ``sparsity`` it cannot serve, and an error points to it instead.
+    """
+    final = run / MODEL_NAME
+    try:
+        latest = read_latest_checkpoint(run)
+    except IntegrityError as err:  # no intact checkpoint left
+        if not final.is_file():
+            raise
+        if sparsity is not None:
+            raise IntegrityError(
+                f"{err}; the run's final model {final} is intact only as a finished model: "
+                f"export it without a sparsity (feather-sparse export {final})"
+            ) from err
+        problem = str(err.__cause__ if err.__cause__ is not None else err)
+        try:
+            return _from_sparse_file(final, _final_instead(final, problem))
+        except ValueError as damaged:
+            raise IntegrityError(
+                f"{err}; and the run's final model {final} cannot be read either "
+                f"({first_line(damaged)})"
+            ) from None
+    if latest.problem is None or sparsity is not None or not final.is_file():
+        return _from_training_checkpoint(latest.path, latest.state, sparsity, latest.problem)
+    try:
+        info = inspect_sparse(final)
+        saved, newest = _step_of(info.metadata), _step_of(latest.state)
+        if saved is None or newest is None or saved >= newest:  # not older than prev.pt
+            return _from_sparse_file(final, _final_instead(final, latest.problem))
+        passed_over = f"{final} is older (step {saved}, the checkpoint's {newest})"
+    except NoModelSpecError:
+        passed_over = f"{final} holds no model spec"
+    except ValueError as damaged:
+        passed_over = f"{final} is damaged too ({first_line(damaged)})"
+    return _from_training_checkpoint(
+        latest.path, latest.state, sparsity, f"{latest.problem}; {passed_over}"
+    )
+
+
+def _final_instead(final: Path, problem: str) -> str:
+    """The warning of an export that took the run's ``model.fsp`` for a damaged ``last.pt``."""
+    return (
+        f"{problem}; exported the run's final model {final} instead (written when the run "
+        "finished, and verified intact)"
+    )
+
+
 def _check_sparsity(sparsity: float | None) -> None:
     if sparsity is not None and not 0.0 <= sparsity < 1.0:
         raise ValueError(f"the sparsity to export at must be in [0, 1), got {sparsity}")
@@ -374,7 +449,9 @@ def load_export_source(source: Path, sparsity: float | None = None) -> ExportSou
     A training checkpoint is verified against its SHA-256 first
     (:func:`feather_sparse.run_files.load_checkpoint`): a damaged one is
     refused, never exported. Given a run folder, a damaged ``last.pt`` falls
-    back to ``prev.pt``, and :attr:`ExportSource.warning` says so.
+    back to the run's final model ``model.fsp`` when the run finished (and no
+    checkpoint is newer than that file, which is verified intact), else to
+    ``prev.pt``; :attr:`ExportSource.warning` says which, and why.
 
     A finished run is finalized at its target sparsity. A run that stopped
     early is exported with the thresholds its forward uses at that point (the
@@ -404,8 +481,7 @@ def load_export_source(source: Path, sparsity: float | None = None) -> ExportSou
     if source.is_dir() and path.parent == checkpoint_path(source).parent:
         # A run's checkpoint, whatever its first bytes: a damaged last.pt falls back.
         _check_sparsity(sparsity)
-        latest = read_latest_checkpoint(source)
-        return _from_training_checkpoint(latest.path, latest.state, sparsity, latest.problem)
+        return _from_run_checkpoints(source, sparsity)
     kind = sniff(path)
     if kind == "zip":
         _check_sparsity(sparsity)
@@ -416,13 +492,7 @@ def load_export_source(source: Path, sparsity: float | None = None) -> ExportSou
                 f"{path} is a finalized sparse checkpoint: a sparsity can only be chosen "
                 "when exporting a training checkpoint"
             )
-        info = inspect_sparse(path)
-        if not _has_spec(info):
-            raise NoModelSpecError(path)
-        model = load_sparse(path)
-        return ExportSource(
-            model=model.eval(), metadata=dict(info.metadata), path=path, values=info.values
-        )
+        return _from_sparse_file(path)
     raise ValueError(
         f"{path} is not a feather-sparse file: neither a sparse checkpoint (.fsp) nor a "
         "training checkpoint (.pt); it is damaged or another kind of file"
