@@ -8,8 +8,11 @@ symlink or a file with its own permissions; the temp-file clean-up; messages.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ from torch import nn
 
 import feather_sparse as fs
 from _helpers import tiny_config, tiny_run
-from feather_sparse import cli
+from feather_sparse import cli, integrity
 from feather_sparse.export.inference import SparseLinear, to_sparse_inference
 from feather_sparse.export.run import load_export_source
 from feather_sparse.train import train
@@ -256,3 +259,68 @@ def test_a_damaged_model_fsp_is_not_exported_for_a_damaged_last_pt(
     (run / "checkpoints" / "prev.pt").unlink()
     with pytest.raises(ValueError, match=r"final model .*model\.fsp cannot be read either"):
         load_export_source(run)
+
+
+# ============================================================ write_atomic and temp files
+def test_write_atomic_writes_through_a_symlink_and_keeps_it(tmp_path: Path) -> None:
+    real, link = tmp_path / "runs" / "model.fsp", tmp_path / "latest.fsp"
+    fs.save_sparse(nn.Linear(4, 4), real)
+    link.symlink_to(real)
+    chain = tmp_path / "chain.fsp"
+    chain.symlink_to(link)  # a link to the link: followed to the end
+    new = nn.Linear(4, 4)
+    fs.save_sparse(new, chain)
+    assert link.is_symlink() and chain.is_symlink()
+    assert torch.equal(fs.load_sparse(real, nn.Linear(4, 4)).weight, new.weight)
+    integrity.write_atomic(link, b"plain bytes")
+    assert link.is_symlink() and real.read_bytes() == b"plain bytes"
+
+
+def test_write_atomic_keeps_the_permissions_of_the_file_it_replaces(tmp_path: Path) -> None:
+    path = tmp_path / "model.fsp"
+    integrity.write_atomic(path, b"one")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~integrity._umask()  # a new file
+    for mode in (0o600, 0o640, 0o444):
+        path.chmod(mode)
+        integrity.write_atomic(path, b"two")
+        assert stat.S_IMODE(path.stat().st_mode) == mode, oct(mode)
+        assert path.read_bytes() == b"two"
+
+
+def test_the_temp_file_clean_up_removes_only_this_librarys_temporary_files(
+    tmp_path: Path,
+) -> None:
+    dead = f"999999999-{integrity._HOST}"
+    ours = [tmp_path / f".model.fsp.{dead}.a1b2c3d4.tmp", tmp_path / ".last.999999999.x_y9z0ab.tmp"]
+    users = [
+        tmp_path / ".draft.tmp",
+        tmp_path / ".notes.backup.tmp",
+        tmp_path / ".model.fsp.draft.tmp",
+        tmp_path / ".model.fsp.old.a1b2c3d4.tmp",
+        tmp_path / ".model.fsp.12ab.a1b2c3d4.tmp",
+    ]
+    for f in ours + users:
+        f.write_bytes(b"x")
+    integrity.remove_stale_temps(tmp_path / "model.fsp")
+    assert all(f.exists() for f in users)
+    assert not ours[0].exists()
+    probe = tmp_path / ".write-check.k2j4_x9q.tmp"  # a run folder's write check, left by a kill
+    probe.write_bytes(b"")
+    integrity.remove_stale_temps_in(tmp_path)
+    assert all(f.exists() for f in users)
+    assert not any(f.exists() for f in [*ours, probe])
+
+
+def test_a_failed_write_names_the_target_not_its_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "x.fsp"
+
+    def refuse(folder: Path, name: str) -> tuple[int, str]:
+        tmp = folder / f".{name}.{os.getpid()}-{integrity._HOST}.abcdefgh.tmp"
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp))
+
+    monkeypatch.setattr(integrity, "_temp_in", refuse)
+    with pytest.raises(FileNotFoundError) as caught:
+        integrity.write_atomic(target, b"x")
+    assert str(caught.value) == f"[Errno 2] cannot write {target}: No such file or directory"

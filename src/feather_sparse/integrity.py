@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import struct
 import tempfile
 from collections.abc import Mapping
@@ -244,6 +245,11 @@ def _os_error(err: OSError, path: Path, action: str) -> OSError:
 # and those are never removed from another host. Files named before the tag
 # (".<target>.<pid>.<random>.tmp") are taken as this host's.
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+# What follows ".<target>." in such a name: the writer's pid, its host tag (absent in
+# files named before the tag), mkstemp's random letters. Nothing else is ever removed.
+_TEMP_TAIL = re.compile(r"(\d+)(-[0-9a-f]{8})?\.[a-z0-9_]+\.tmp")
+# The empty file a run folder's write check creates and removes at once (train's _prepare).
+_PROBE = re.compile(r"\.write-check\.[a-z0-9_]+\.tmp")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -282,18 +288,31 @@ def remove_stale_temps(path: Path) -> None:
     """
     prefix = f".{path.name}."
     for stale in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
-        _remove_if_writer_gone(stale, stale.name[len(prefix) :].split(".")[0])
+        tail = _TEMP_TAIL.fullmatch(stale.name[len(prefix) :])
+        if tail is not None:  # never a file of another name (a user's ".x.draft.tmp")
+            _remove_if_writer_gone(stale, tail.group(1) + (tail.group(2) or ""))
 
 
 def remove_stale_temps_in(folder: Path) -> None:
     """Remove every temporary file in ``folder`` whose writer was killed (see above).
 
-    The temporary files of writers still running (an export writing into a
-    run folder, say) are kept.
+    Only files named as :func:`write_atomic` names its temporary files
+    (``.<target>.<pid>-<host>.<random>.tmp``), and a run folder's write check
+    (``.write-check.<random>.tmp``), are considered: another ``.*.tmp`` file
+    (a user's ``.draft.tmp``) is never removed. The temporary
+    files of writers still running (an export writing into a run folder, say)
+    are kept.
     """
     for stale in folder.glob(".*.tmp") if folder.is_dir() else ():
+        if _PROBE.fullmatch(stale.name):  # a run folder's write check, left by a kill
+            _remove_if_writer_gone(stale, "")
+            continue
         parts = stale.name.split(".")  # "", <target...>, <pid>-<host>, <random>, "tmp"
-        _remove_if_writer_gone(stale, parts[-3] if len(parts) >= 5 else "")
+        if len(parts) < 5 or not parts[1]:
+            continue
+        tail = _TEMP_TAIL.fullmatch(".".join(parts[-3:]))
+        if tail is not None:
+            _remove_if_writer_gone(stale, tail.group(1) + (tail.group(2) or ""))
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -333,6 +352,23 @@ def _keep_copy(path: Path, previous: Path) -> None:
         raise
 
 
+def _mode_for(path: Path) -> int:
+    """The permission bits for the new ``path``: the old file's, else ``0666`` less the umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:  # no file there yet
+        return 0o666 & ~_umask()
+
+
+def _named_error(err: OSError, path: Path) -> OSError:
+    """:func:`_os_error`, and any other failure as one that names ``path``, not the
+    temporary file beside it that the system call was given."""
+    out = _os_error(err, path, "writing")
+    if out is not err:
+        return out
+    return type(err)(err.errno, f"cannot write {path}: {err.strerror or first_line(err)}")
+
+
 def write_atomic(
     path: str | os.PathLike[str],
     data: bytes,
@@ -340,6 +376,12 @@ def write_atomic(
     keep_previous: str | os.PathLike[str] | None = None,
 ) -> None:
     """Write ``data`` to ``path`` so that ``path`` is always a whole file, old or new.
+
+    A ``path`` that is a symbolic link is written through: the file it points
+    to (followed to the end of a chain) is replaced and the link kept, as
+    ``open(path, "wb")`` would. A file written over keeps its permission bits
+    (a private ``0600`` model stays private); a new one gets ``0666`` less the
+    umask, as ``open`` gives.
 
     Args:
         path: the file to write; its folder is created.
@@ -352,9 +394,11 @@ def write_atomic(
     Raises:
         DiskFullError: the disk filled up; ``path`` (and ``keep_previous``) are unchanged.
         NotWritableError: the folder cannot be written.
-        OSError: any other failure; ``path`` is unchanged.
+        OSError: any other failure, naming ``path``; ``path`` is unchanged.
     """
     path = Path(path)
+    if path.is_symlink():  # write the file it points to, and keep the link
+        path = Path(os.path.realpath(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -367,16 +411,16 @@ def write_atomic(
     try:
         fd, tmp_name = _temp_in(path.parent, path.name)
     except OSError as err:
-        raise _os_error(err, path, "writing") from err
+        raise _named_error(err, path) from err
     try:
         _write_file(fd, data)
-        os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes it private (0600)
+        os.chmod(tmp_name, _mode_for(path))  # mkstemp makes it private (0600)
         if keep_previous is not None and path.is_file():
             _keep_copy(path, Path(keep_previous))
         os.replace(tmp_name, path)
     except OSError as err:
         Path(tmp_name).unlink(missing_ok=True)
-        raise _os_error(err, path, "writing") from err
+        raise _named_error(err, path) from err
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
