@@ -22,6 +22,7 @@ from torch import nn
 import feather_sparse as fs
 from _helpers import tiny_config, tiny_run
 from feather_sparse import cli, integrity
+from feather_sparse.export.header import smaller_or_larger
 from feather_sparse.export.inference import SparseLinear, to_sparse_inference
 from feather_sparse.export.run import load_export_source
 from feather_sparse.train import train
@@ -324,3 +325,41 @@ def test_a_failed_write_names_the_target_not_its_temporary_file(
     with pytest.raises(FileNotFoundError) as caught:
         integrity.write_atomic(target, b"x")
     assert str(caught.value) == f"[Errno 2] cannot write {target}: No such file or directory"
+
+
+# ============================================================ messages
+def test_a_size_within_a_hundredth_of_dense_or_against_none_is_told_in_bytes() -> None:
+    assert smaller_or_larger(10_000, 10_040) == "40 B larger"  # read "1.00x larger" before
+    assert smaller_or_larger(10_040, 10_000) == "40 B smaller"
+    assert smaller_or_larger(0, 420) == "420 B larger"  # read "420.00x larger" before
+    assert smaller_or_larger(900, 100) == "9.00x smaller"  # a factor as before
+    assert smaller_or_larger(100, 100) == "1.00x smaller"
+
+
+def test_a_dense_model_is_not_called_1_00x_larger(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="feather_sparse.export.fsp"):
+        info = fs.save_sparse(nn.Linear(256, 256), tmp_path / "dense.fsp")
+    assert 1.0 < info.file_bytes / info.dense_bytes < 1.005
+    assert "1.0x" not in caplog.text and " B larger than dense" in caplog.text
+
+
+def test_another_programs_safetensors_file_is_named_as_such(tmp_path: Path) -> None:
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    path = tmp_path / "other.safetensors"
+    safetensors_torch.save_file({"w": torch.zeros(3)}, str(path))
+    with pytest.raises(ValueError) as caught:
+        fs.load_sparse(path, nn.Linear(1, 3))
+    assert "format None" not in str(caught.value)
+    assert "a safetensors file another program wrote" in str(caught.value)
+
+
+def test_a_path_ending_in_a_separator_is_refused_as_a_folder(tmp_path: Path) -> None:
+    folder = f"{tmp_path / 'out'}/"
+    with pytest.raises(IsADirectoryError, match=r"names a folder .* e\.g\. .*out/model\.fsp"):
+        fs.save_sparse(nn.Linear(2, 2), folder)
+    pytest.importorskip("onnx")
+    with pytest.raises(IsADirectoryError, match=r"names a folder .* e\.g\. .*out/model\.onnx"):
+        fs.export_onnx(nn.Linear(2, 2), folder, torch.randn(1, 2))
+    assert not (tmp_path / "out").exists()

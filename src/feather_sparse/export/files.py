@@ -65,7 +65,7 @@ _WRITER = {
 
 
 def check_writable(
-    target: Path,
+    target: str | os.PathLike[str],
     example: str = "model.fsp",
     *,
     kind: str = "safetensors",
@@ -94,7 +94,8 @@ def check_writable(
             or lie inside one.
 
     Raises:
-        IsADirectoryError: ``target`` is a folder.
+        IsADirectoryError: ``target`` is a folder, or a name that ends in a
+            path separator (``"out/"``: a folder, existing or not).
         NotADirectoryError: a parent of ``target`` is a file.
         FileExistsError: ``target`` is (or lies in) something in ``reads``, or
             is an existing, non-empty file of another kind than ``kind`` (for a
@@ -104,6 +105,14 @@ def check_writable(
         ValueError: ``target``'s suffix names the other format (``.onnx`` for a
             ``.fsp``; ``.fsp`` or ``.safetensors`` for an ONNX model).
     """
+    raw = os.fspath(target)
+    target = Path(raw)
+    if raw.endswith(tuple(sep for sep in (os.sep, os.altsep, "/") if sep)) and raw.strip("/\\"):
+        raise IsADirectoryError(
+            errno.EISDIR,
+            f"{raw} names a folder (it ends in a path separator); give a file name, "
+            f"e.g. {target / example}",
+        )
     if target.is_dir():
         raise IsADirectoryError(
             errno.EISDIR,

@@ -647,8 +647,8 @@ def save_sparse(
         json.dumps(metadata)
     except (TypeError, ValueError) as err:
         raise ValueError(f"metadata must be JSON-serializable: {err}") from None
+    check_writable(path)  # the name as given: "out/" names a folder
     target = Path(path)
-    check_writable(target)
 
     if isinstance(model, nn.Module):
         model = _unwrap_compiled(model)  # torch.compile: the keys of the model itself

@@ -336,11 +336,21 @@ def file_version(records: Sequence[TensorRecord]) -> int:
     return BASE_FORMAT_VERSION
 
 
-def _check_format(path: str, fields: Mapping[str, Any]) -> None:
-    """Raise a clear error unless ``fields`` name this format and a version it reads."""
+def _check_format(path: str, fields: Mapping[str, Any], *, container: bool = True) -> None:
+    """Raise a clear error unless ``fields`` name this format and a version it reads.
+
+    ``container``: ``fields`` are the safetensors metadata (else the header inside).
+    """
     if fields.get("format") != FORMAT_NAME:
+        named = fields.get("format")
+        if not container:
+            what = f"its header names format {named!r}"
+        elif named is None:
+            what = "a safetensors file another program wrote, with no format name in its metadata"
+        else:
+            what = f"a safetensors file of format {named!r}"
         raise ValueError(
-            f"{path} is not a feather-sparse checkpoint (format {fields.get('format')!r}); "
+            f"{path} is not a feather-sparse checkpoint ({what}); "
             "write it with feather_sparse.save_sparse"
         )
     version = str(fields.get("format_version"))
@@ -360,7 +370,7 @@ def _parse_header(path: str, compressed: bytes, file_bytes: int) -> SparseFileIn
         raise ValueError(f"{path}: the header is corrupted ({err})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: the header is corrupted (not an object)")
-    _check_format(path, header)
+    _check_format(path, header, container=False)
     tensors = header.get("tensors")
     if not isinstance(tensors, list):
         raise ValueError(f"{path}: the header is corrupted (no tensor table)")
@@ -425,14 +435,24 @@ def _describe_spec(spec: Mapping[str, Any] | None) -> str:
 def smaller_or_larger(dense_bytes: float, file_bytes: float, digits: int = 2) -> str:
     """``"9.00x smaller"`` than dense, or ``"1.92x larger"`` for a file above its dense bytes.
 
+    A factor that would read ``1.00x`` although the sizes differ (a dense
+    model: the header adds a little), or one against nothing (an empty model,
+    0 dense bytes), is given as the difference instead: ``"96 B larger"``.
+
     Args:
         dense_bytes: the tensors' bytes stored densely.
         file_bytes: the file's size.
         digits: decimals of the factor.
     """
-    if file_bytes > dense_bytes:
-        return f"{file_bytes / max(dense_bytes, 1):.{digits}f}x larger"
-    return f"{dense_bytes / max(file_bytes, 1):.{digits}f}x smaller"
+    larger = file_bytes > dense_bytes
+    big, small = (file_bytes, dense_bytes) if larger else (dense_bytes, file_bytes)
+    word = "larger" if larger else "smaller"
+    if big == small:
+        return f"{1:.{digits}f}x smaller"
+    factor = f"{big / small:.{digits}f}" if small > 0 else None
+    if factor is None or float(factor) == 1.0:
+        return f"{human_bytes(big - small)} {word}"
+    return f"{factor}x {word}"
 
 
 def human_bytes(n: float) -> str:

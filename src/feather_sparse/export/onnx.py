@@ -353,8 +353,8 @@ def export_onnx(
             file at ``path`` is then left as it was.
     """
     _check_is_tensor(example_input)
+    check_writable(path, "model.onnx", kind="onnx")  # the name as given: "out/" is a folder
     target = Path(path)
-    check_writable(target, "model.onnx", kind="onnx")
     onnx, exporter, opset = _onnx_setup(opset)
     if exporter == "legacy" and _weights_bytes(model) >= _PROTOBUF_LIMIT:
         raise ValueError(

@@ -354,7 +354,7 @@ def reencode_sparse(
             the model and keeps the spec (writing its tensors alone would drop it).
     """
     path, target = Path(source), Path(output)
-    check_writable(target, reads=[path])
+    check_writable(output, reads=[path])  # the name as given: "out/" names a folder
     info = inspect_sparse(path)  # the header alone: a file with a spec is refused before decoding
     if _has_spec(info):
         raise ValueError(
