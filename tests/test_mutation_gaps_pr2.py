@@ -45,6 +45,21 @@ class Named(nn.Module):
         self.block = nn.Sequential(nn.Linear(4, 4))
 
 
+class WithInner(nn.Module):
+    """A layer with a weight of its own and a Linear below it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 4))
+        self.inner = nn.Linear(4, 4)
+
+
+class Owner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.own = WithInner()
+
+
 def targets(**kwargs: Any) -> list[str]:
     """The layers a Pruner on a new :class:`Named` takes (it is removed again)."""
     pruner = fs.Pruner(Named(), 0.5, total_steps=10, **kwargs)
@@ -66,8 +81,12 @@ def test_names_and_patterns_match_whole_module_names() -> None:
     assert targets(exclude=["re:fc.*"]) == ["block.0"]
     assert targets(exclude=["fc"]) == ["fc2", "block.0"]
     assert targets(exclude=["block"]) == ["fc", "fc2"]  # its children
-    assert targets(include=["fc", "block"]) == ["fc"]  # a container's name takes no layer
+    with pytest.raises(ValueError, match="include names 'block', a Sequential"):
+        targets(include=["fc", "block"])  # a container's name would take no layer: refused
     assert targets(include=["re:block\\..*"]) == ["block.0"]
+    # A layer with a weight of its own and a layer below it: its name takes it alone.
+    pruner = fs.Pruner(Owner(), 0.5, total_steps=10, include=["own"])
+    assert [t.name for t in pruner.targets] == ["own"]
 
 
 def test_an_explicit_include_does_not_take_gpt2s_conv1d() -> None:

@@ -58,7 +58,7 @@ from feather_sparse.ops import (
     compute_dtype,
 )
 from feather_sparse.pruner_config import DEFAULT_INCLUDE, FORMAT_VERSION, PrunerConfig, auto_theta
-from feather_sparse.rules import check_sparsity
+from feather_sparse.rules import as_int, check_sparsity
 from feather_sparse.schedules import Schedule
 
 if TYPE_CHECKING:
@@ -432,6 +432,7 @@ def _find_targets(
     modules = dict(model.named_modules())
     _check_names_exist(modules, names, "include", children=False, types=True)
     _check_names_exist(modules, exclude, "exclude", children=True)
+    _check_names_weighted(modules, names)
     targets = []
     for name, module in modules.items():
         if not (
@@ -449,6 +450,98 @@ def _find_targets(
             continue
         targets.append(PruneTarget(name, module))
     return targets
+
+
+def _path(model: nn.Module, name: str) -> list[tuple[nn.Module, str, nn.Module]]:
+    """The links from ``model`` down to its submodule ``name``: (parent, key, child)."""
+    links = []
+    module = model
+    for key in name.split(".") if name else ():
+        child = module._modules[key]
+        assert child is not None  # a name named_modules() gave
+        links.append((module, key, child))
+        module = child
+    return links
+
+
+def _refuse_other_weight(name: str, module: nn.Module) -> None:
+    """Raise when ``module.weight`` is not a plain parameter a Pruner can parametrize.
+
+    Raises:
+        ValueError: for a weight that already carries a Pruner (the fix: end
+            that Pruner), one that carries torch's own parametrizations
+            (``weight_norm``, ``spectral_norm``, ...), or one computed by a
+            hook (the older ``torch.nn.utils.weight_norm``); for the last two
+            the fix is to leave the layer dense.
+    """
+    if parametrize.is_parametrized(module, "weight"):
+        _refuse_copy_of_attached(name, module)
+        plist: Any = module.parametrizations["weight"]  # type: ignore[index]
+        if any(isinstance(p, FeatherParametrization) for p in plist):
+            raise ValueError(
+                f"layer {name!r} already has a parametrization on its weight (a Pruner is "
+                "attached): call pruner.remove() or pruner.finalize() on the earlier Pruner first"
+            )
+        kinds = ", ".join(type(p).__name__ for p in plist)
+        raise ValueError(
+            f"layer {name!r} has another parametrization on its weight ({kinds}, e.g. from "
+            "weight_norm or spectral_norm), which a Pruner cannot prune through: leave the "
+            f"layer dense with exclude=[{name!r}], or remove that parametrization first"
+        )
+    if "weight" not in module._parameters:
+        raise ValueError(
+            f"the weight of layer {name!r} is not a parameter of its own but computed (the older "
+            "torch.nn.utils.weight_norm computes it from weight_g and weight_v, say), so a "
+            f"Pruner cannot prune it: leave the layer dense with exclude=[{name!r}], or use "
+            "torch.nn.utils.parametrizations.weight_norm on a dense layer"
+        )
+
+
+def _check_keeps_a_weight(sparsity: float, params: int) -> None:
+    """Raise when ``sparsity`` of ``params`` weights rounds to all of them.
+
+    ``S < 1`` passes the sparsity rule, but on a small model ``round(S·N) = N``
+    (0.999999 of fewer than 500,000 weights) prunes every weight: the model
+    without weights that ``S = 1`` is refused for.
+    """
+    if params and round(sparsity * params) >= params:
+        most = (params - 1) / params
+        raise ValueError(
+            f"sparsity {sparsity} of the model's {params:,} prunable weights prunes all of "
+            f"them (round(S·N) = N), leaving a model without weights: choose a sparsity of at "
+            f"most {math.floor(most * 1e6) / 1e6} to keep a weight"
+        )
+
+
+def _check_names_weighted(modules: dict[str, nn.Module], names: Sequence[str]) -> None:
+    """Raise for a plain ``include`` name of a module without a floating-point ``weight``.
+
+    An ``include`` name selects that one module, not the layers below it (an
+    ``exclude`` name covers them: leaving a block dense is the common wish,
+    pruning every weight below one, norms included, is not), so naming a
+    container would prune nothing of it.
+    """
+    for name in names:
+        module = modules.get(name)
+        weight = getattr(module, "weight", None)
+        if module is None or (isinstance(weight, Tensor) and weight.is_floating_point()):
+            continue
+        layers = [
+            n
+            for n, m in modules.items()
+            if n.startswith(name + ".") and isinstance(m, DEFAULT_INCLUDE)
+        ]
+        shown = ", ".join(repr(n) for n in layers[:4]) + (", ..." if len(layers) > 4 else "")
+        fix = (
+            f"name its layers ({shown}) or give a pattern such as 're:{re.escape(name)}\\..*'"
+            if layers
+            else "it holds no Linear or convolution either: check the name"
+        )
+        raise ValueError(
+            f"include names {name!r}, a {type(module).__name__} without a floating-point "
+            f"weight of its own; an include name selects that module only, so it would prune "
+            f"nothing: {fix}"
+        )
 
 
 def _check_names_exist(
@@ -718,11 +811,13 @@ class Pruner:
                     "out on it"
                 )
             total_steps = 1  # the full N:M pattern at every step: the length does not matter
-        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0:
+        steps = as_int(total_steps)
+        if steps is None or steps <= 0:
             raise ValueError(
                 "total_steps must be a positive int (epochs × batches per epoch), "
                 f"got {total_steps!r}"
             )
+        total_steps = steps
         include, exclude, min_params = config.include, config.exclude, config.min_params
         self.operator = config.make_operator()
         self.backbone = config.make_backbone()
@@ -736,6 +831,8 @@ class Pruner:
                 f"exclude={list(exclude)}, min_params={min_params} matched no module with a "
                 f"floating-point `weight`{note}; widen `include` or relax `exclude`/`min_params`"
             )
+        for t in targets:  # before a weight is read through PruneTarget
+            _refuse_other_weight(t.name, t.module)
         if not any(t.numel for t in targets):  # the sparsity of no weights is 0/0
             raise ValueError(
                 f"the prunable layers of {type(model).__name__} "
@@ -750,15 +847,8 @@ class Pruner:
                 _recurrent_note(recurrent),
                 [name for name, *_ in recurrent if name],
             )
-        for t in targets:
-            if parametrize.is_parametrized(t.module, "weight"):
-                _refuse_copy_of_attached(t.name, t.module)
-                raise ValueError(
-                    f"layer {t.name!r} already has a parametrization on its weight (a Pruner is "
-                    "attached, or another parametrization is): call pruner.remove() or "
-                    "pruner.finalize() on the earlier Pruner first"
-                )
         targets, tied = _tied(model, targets, exclude)
+        _check_keeps_a_weight(config.final_sparsity, sum(t.numel for t in targets))
         distributed.refuse_sharded_model(model, [t.weight for t in targets])
         ddp_indices = distributed.ddp_reducer_indices(model)
         devices = {t.weight.device for t in targets}
@@ -832,6 +922,8 @@ class Pruner:
         self._key_hooks = plain_keys.install([(t.module, layouts[id(t.module)]) for t in attached])
         #: Each parametrized layer's parameter names before it was parametrized.
         self._layouts = layouts
+        #: Each parametrized layer's path from the model: (parent, key, child) links.
+        self._paths = [(t.name, _path(model, t.name)) for t in attached]
         self._current = self.scheduled_sparsity(0)
         logger.info(
             "%s attached to %d tensors (%s weights)%s, target sparsity %.4g, theta %.3g",
@@ -986,6 +1078,8 @@ class Pruner:
         sparsity: the one finalized at). After :meth:`remove`, the state just
         before it (the model's weights are dense again).
         """
+        if self._ended is None:
+            self._check_in_model("report()")
         local = None if self._ended is not None else self._local_weights(whole_groups=True)
         zeros = self._layer_zeros(local)
         if self._ended is None:
@@ -1292,6 +1386,8 @@ class Pruner:
                 still be asked, and ``hint`` (what to do instead).
         """
         if self._ended is None:
+            if call != "remove()":  # remove() gives back what it can: the way out
+                self._check_in_model(call)
             return
         if self._ended.how == "finalized":
             what = "finalized (the pruned weights are baked into the model)"
@@ -1304,6 +1400,26 @@ class Pruner:
             f"sparsity_achieved(), thresholds() and config() still {still}. "
             + (hint or "To prune the model again, create a new Pruner on it")
         )
+
+    def _check_in_model(self, call: str) -> None:
+        """Raise when a parametrized layer is no longer where it was in the model.
+
+        ``model.head = nn.Linear(...)`` after attaching leaves the Pruner
+        pruning the old, detached layer while the model trains the new one
+        dense: every later number would describe a layer the model does not use.
+
+        Raises:
+            RuntimeError: naming ``call``, the layer and the fix.
+        """
+        for name, links in self._paths:
+            if not all(parent._modules.get(key) is child for parent, key, child in links):
+                raise RuntimeError(
+                    f"{call} is refused: layer {name!r} is not the one the Pruner attached to "
+                    "(it, or a module holding it, was replaced in the model after the Pruner "
+                    "attached), so the Pruner would prune a layer the model no longer uses. "
+                    "Change the model before attaching: call pruner.remove(), change the "
+                    "model, then create a new Pruner on it"
+                )
 
     # ------------------------------------------------------------------ state
     @torch.no_grad()

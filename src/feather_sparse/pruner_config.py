@@ -34,7 +34,7 @@ from feather_sparse.nm.backbone import nm_settings
 from feather_sparse.nm.operator import NMPattern
 from feather_sparse.ops import OPERATORS, Operator, ThresholdOperator
 from feather_sparse.registry import Registry
-from feather_sparse.rules import check_p, check_sparsity, check_theta
+from feather_sparse.rules import as_int, check_p, check_sparsity, check_theta
 from feather_sparse.schedules import SCHEDULES, ConstantSchedule, CubicSchedule, Schedule
 
 __all__ = [
@@ -96,9 +96,10 @@ def auto_theta(sparsity: float, rule: str = "paper") -> float:
 
 
 def _int_at_least(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    number = as_int(value)
+    if number is None or number < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
+    return number
 
 
 T = TypeVar("T")

@@ -27,15 +27,27 @@ on a hot path calls them.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 __all__ = ["check_p", "check_sparsity", "check_theta", "check_threshold"]
 
 
 def _number(name: str, value: Any, expected: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # numbers.Real: NumPy's scalars too (np.float32(0.9) from a config array).
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number {expected}, got {value!r}")
     return float(value)
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` as a Python int if it is an integer (NumPy's ``np.int64`` too), else None.
+
+    A bool is not an integer here: ``True`` steps is a slip, not 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
 
 
 def check_sparsity(value: Any, name: str = "sparsity") -> float:
@@ -82,8 +94,8 @@ def check_theta(value: Any, allow_auto: bool = False) -> Any:
     Raises:
         ValueError: naming the range and what its ends mean.
     """
-    if allow_auto and value == "auto":
-        return value
+    if allow_auto and isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"  # as --method and --pattern read: " Auto" is auto
     auto = " or 'auto'" if allow_auto else ""  # offered only where it is accepted
     if isinstance(value, str):
         raise ValueError(f"theta must be a number in [0, 1]{auto}, got {value!r}")
