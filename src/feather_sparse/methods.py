@@ -61,6 +61,7 @@ __all__ = [
     "METHODS",
     "Method",
     "build_pruner",
+    "check_layers",
     "check_method",
     "make_pruner",
     "pruner_config",
@@ -606,18 +607,14 @@ def _leave_misfits_dense(model: nn.Module, settings: PrunerConfig) -> PrunerConf
     dimension that is not a multiple of M: such layers stay dense, named in a
     warning and in the Pruner's recorded ``exclude``. (The library's Pruner,
     asked directly, raises instead, so nothing is skipped silently there.)
+
+    Raises:
+        ValueError: when no layer can hold the pattern (see :func:`_misfits`).
     """
-    pattern = NMPattern.parse(settings.pattern or "")
-    conv_order = getattr(settings.make_backbone(), "conv_order", "flat")
-    misfits = []
-    for t in _find_targets(model, settings.include, settings.exclude, settings.min_params):
-        order = layer_order(t.module, t.weight, conv_order)
-        try:
-            check_layout(t.name, t.module, t.weight, pattern, order)
-        except ValueError:
-            misfits.append(t.name)
+    misfits = _misfits(model, settings)
     if not misfits:
         return settings
+    pattern = NMPattern.parse(settings.pattern or "")
     logger.warning(
         "pattern %s: %s %s cannot be split into groups of %d along the reduction "
         "dimension; %s dense",
@@ -628,3 +625,60 @@ def _leave_misfits_dense(model: nn.Module, settings: PrunerConfig) -> PrunerConf
         plural(len(misfits), "it stays", "they stay"),
     )
     return dataclasses.replace(settings, exclude=(*settings.exclude, *misfits))
+
+
+def _misfits(model: nn.Module, settings: PrunerConfig) -> list[str]:
+    """The selected layers of ``model`` that cannot hold ``settings``' N:M pattern.
+
+    Raises:
+        ValueError: when that is every selected layer: the pattern would leave
+            the model dense. The message names an M that fits some layer.
+    """
+    pattern = NMPattern.parse(settings.pattern or "")
+    conv_order = getattr(settings.make_backbone(), "conv_order", "flat")
+    targets = _find_targets(model, settings.include, settings.exclude, settings.min_params)
+    laid = [(t, layer_order(t.module, t.weight, conv_order)) for t in targets]
+
+    def fits(t: Any, order: str, nm: NMPattern) -> bool:
+        try:
+            check_layout(t.name, t.module, t.weight, nm, order)
+        except ValueError:
+            return False
+        return True
+
+    misfits = [t.name for t, order in laid if not fits(t, order, pattern)]
+    if targets and len(misfits) == len(targets):
+        others = [f"2:{m}" for m in (4, 8, 16, 2) if m != pattern.m]
+        fitting = next(
+            (o for o in others if any(fits(t, order, NMPattern.parse(o)) for t, order in laid)),
+            None,
+        )
+        fix = (
+            f"choose a pattern whose M divides them (e.g. {fitting})"
+            if fitting
+            else ("train unstructured (sparsity) instead")
+        )
+        raise ValueError(
+            f"pattern {pattern} fits no prunable layer of the model: the reduction dimension "
+            f"of every one ({', '.join(misfits)}) is not a multiple of M = {pattern.m}; {fix}"
+        )
+    return misfits
+
+
+def check_layers(config: TrainConfig, model: nn.Module) -> None:
+    """The checks of ``config`` that need ``model``'s layers, without a Pruner.
+
+    The ``include``/``exclude`` names exist in the model, and an N:M pattern
+    fits at least one layer. ``model`` may live on the meta device: only the
+    layers' names, types and shapes are read.
+
+    Raises:
+        ValueError: naming the field and the fix, as :func:`build_pruner` would.
+    """
+    if config.dense:
+        return
+    settings = pruner_config(config)
+    if settings.pattern is not None:
+        _misfits(model, settings)
+    else:
+        _find_targets(model, settings.include, settings.exclude, settings.min_params)

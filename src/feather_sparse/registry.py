@@ -88,6 +88,15 @@ class Registry(Generic[T]):
                 f"unknown {self.kind} {name_or_obj!r}; choose one of: {', '.join(self.names())}"
             ) from None
 
+    def canonical(self, name: str) -> str:
+        """The registered spelling of ``name`` (``"Feather"`` -> ``"feather"``).
+
+        Raises:
+            ValueError: for an unknown name, as :meth:`get` does.
+        """
+        self.get(name)
+        return self._display[self._normalize(name)]
+
     def names(self) -> list[str]:
         """The registered names as they were registered, sorted."""
         return sorted(self._display.values())

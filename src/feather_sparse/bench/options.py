@@ -129,6 +129,8 @@ class BenchOptions:
             )
         if self.jobs < 0:
             raise ValueError(f"jobs must be >= 0 (0 = automatic), got {self.jobs}")
+        for flag, folder in (("out", self.out), ("runs-dir", self.runs_dir)):
+            _check_folder(flag, folder)
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 
@@ -199,3 +201,15 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def _check_folder(flag: str, folder: Path | None) -> None:
+    """Raise when ``folder``, or a folder above it, is an existing file."""
+    if folder is None:
+        return
+    for path in (folder, *folder.parents):
+        if path.exists() and not path.is_dir():
+            what = "is" if path == folder else f"lies inside {path}, which is"
+            raise ValueError(
+                f"--{flag} {folder} {what} an existing file, not a folder; choose another --{flag}"
+            )

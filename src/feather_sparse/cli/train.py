@@ -350,7 +350,7 @@ def _run(command: str, args: argparse.Namespace) -> int:
             config = resume_config(resume_dir, overrides)
         run_dir: str | None = resume_dir
     else:
-        config = load_config(args.recipe or DEFAULT_RECIPE, overrides)
+        config = load_config(DEFAULT_RECIPE if args.recipe is None else args.recipe, overrides)
         run_dir = args.run_dir
     _check_dense_flags(config.dense, overrides)
     if args.print_config:

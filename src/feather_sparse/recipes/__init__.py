@@ -281,7 +281,9 @@ class TrainConfig:
                 f"conv_order={self.conv_order!r} orders N:M groups: it needs a pattern (e.g. 2:4)"
             )
         if self.theta is not None:
-            check_theta(self.theta, allow_auto=True)
+            theta = check_theta(self.theta, allow_auto=True)
+            if isinstance(theta, str):  # "Auto" is stored as "auto"
+                object.__setattr__(self, "theta", theta)
         if self.p is not None:
             check_p(self.p)
         if not 0.0 <= self.schedule_start <= self.schedule_end <= 1.0:
@@ -291,16 +293,28 @@ class TrainConfig:
             )
         if self.max_layer_sparsity is not None:
             check_sparsity(self.max_layer_sparsity, "max_layer_sparsity")
+        if self.init_from is not None and not self.init_from.strip():
+            raise ValueError(
+                "init_from: an empty path (an unset shell variable?); name the .fsp file or "
+                "the run folder to start from, or leave it out to start from a random init"
+            )
         # Names of the core registries (the baselines' included: see
         # feather_sparse.pruner_config) are checked here, before anything runs;
-        # models, data sets and methods are checked when the run starts.
+        # models, data sets and methods when the run starts. Known names are
+        # stored as registered ("Feather" is "feather"): a resume compares them
+        # as text, and the run folder is named after the method.
         for name, registry in REGISTRIES.items():
             value = getattr(self, name)
-            if value is not None and value not in registry:
+            if value is None:
+                continue
+            if value not in registry:
                 raise ValueError(
                     f"{name}: unknown {registry.kind} {value!r}; choose one of: "
                     f"{', '.join(registry.names())}"
                 )
+            object.__setattr__(self, name, registry.canonical(value))
+        if self.method in METHODS:  # an unknown one is check_method's to name
+            object.__setattr__(self, "method", METHODS.canonical(self.method))
 
     # ------------------------------------------------------------- conversions
     def to_dict(self, model_spec: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
-from feather_sparse import _text, run_lock
+from feather_sparse import _text, models, run_lock
 from feather_sparse.data import DATASETS, check_dataset_options, load_dataset
 from feather_sparse.integrity import DiskFullError
-from feather_sparse.methods import check_method
+from feather_sparse.methods import check_layers, check_method
 from feather_sparse.models import check_model_kwargs, create_model, model_info
 from feather_sparse.pruner import PrunerReport
 from feather_sparse.recipes import TrainConfig
@@ -66,6 +66,7 @@ from feather_sparse.train.progress import (
 )
 from feather_sparse.train.result import TrainingInterrupted, TrainResult, resume_command
 from feather_sparse.train.run_dir import (
+    RUN_FORMAT,
     _export_unavailable,
     _finished_run,
     _jsonable,
@@ -447,8 +448,35 @@ def check_config(config: TrainConfig, *, stop_after_epoch: int | None = None) ->
     except ValueError as err:
         raise ValueError(f"data_options: {err}") from None
     check_method(config)
+    _check_layers(config)
     if stop_after_epoch is not None and stop_after_epoch < 1:
         raise ValueError(f"stop_after_epoch must be >= 1, got {stop_after_epoch}")
+
+
+#: The classes of the model built on the meta device for :func:`_check_layers`
+#: (the data set's own number is known once it loads; no layer's name depends on it).
+_CHECK_CLASSES = 10
+
+
+def _check_layers(config: TrainConfig) -> None:
+    """The checks that read the model's layers (``exclude`` names, an N:M pattern's fit),
+    on the model built on the meta device: no memory, no initialisation.
+
+    A model that cannot be built there (a factory that reads a file, say) is
+    checked when the run builds it, by the same code.
+    """
+    if config.dense:
+        return
+    try:
+        with torch.device("meta"):
+            # the registry's own factory: not one a caller injected into train()
+            model = models.create_model(
+                config.model, num_classes=_CHECK_CLASSES, **config.model_kwargs
+            )
+    except Exception as err:  # any failure here is the real build's to report
+        logger.debug("layer checks left to the run: %s on the meta device: %s", config.model, err)
+        return
+    check_layers(config, model)
 
 
 def train(
@@ -486,7 +514,9 @@ def train(
         ValueError: for an unknown model/data set/method, a resume that
             contradicts the checkpoint, a checkpoint that belongs to another
             run than the folder's ``config.json``, a fresh run into a folder
-            that already holds one, a run folder that is a file (for a
+            that already holds one or files a run would write over that
+            no run wrote (a ``config.json`` or ``report.md`` of the user's),
+            an empty ``run_dir``, a run folder that is a file (for a
             resume: a checkpoint given instead of its run folder), or a bad
             device.
         IntegrityError: (a ``ValueError``) when no intact checkpoint is left.
@@ -516,6 +546,11 @@ def train(
             names = [str(run_dir)]
             torch.distributed.broadcast_object_list(names, src=0)
             run_dir = names[0]
+    if not str(run_dir).strip():  # an unset shell variable: not "the current folder"
+        raise ValueError(
+            "the run folder is an empty path (an unset shell variable?); name the folder, "
+            "e.g. --run-dir runs/NAME (a new run without --run-dir gets one under runs/)"
+        )
     run_path = Path(run_dir)
     if resume:
         _check_resume_folder(run_path)
@@ -626,6 +661,12 @@ def _train_locked(
                 f"{run_path} already holds a run ({', '.join(held)}); resume it with "
                 "--resume, or choose another --run-dir (or delete the folder to start over)"
             )
+        foreign = _not_a_runs(run_path)
+        if foreign:
+            raise ValueError(
+                f"{run_path} holds files that no run wrote and a run would write over "
+                f"({', '.join(foreign)}); choose a new or empty --run-dir, or move them away"
+            )
     if ctx.is_main:
         _prepare(run_path)
 
@@ -675,6 +716,39 @@ def _run_work(run_path: Path) -> list[str]:
         held.append(metrics.name)
     held += [n for n in (MODEL_NAME, PLAIN_MODEL_NAME) if (run_path / n).is_file()]
     return held
+
+
+def _not_a_runs(run_path: Path) -> list[str]:
+    """The files of ``run_path`` a new run would replace although no run wrote them.
+
+    A run writes over ``config.json`` and ``report.md``; it appends to
+    ``train.log`` and adds to ``tensorboard/`` (a non-empty ``metrics.jsonl`` is
+    a run's work, see :func:`_run_work`). A run that failed before its first
+    epoch leaves a ``config.json`` of its own (``"format": "feather-sparse-run"``)
+    that a new run may replace; any other ``config.json`` (``--run-dir .`` in a
+    project's folder, say) is the user's. ``report.md`` is written only once a
+    run has worked, so it is never a leftover here.
+    """
+    found = [n for n in ("config.json", "report.md") if _occupied(run_path / n)]
+    foreign = [n for n in found if n == "report.md" or not _is_run_record(run_path / "config.json")]
+    for name in (CHECKPOINTS_DIR, MODEL_NAME, PLAIN_MODEL_NAME):
+        path = run_path / name
+        if path.exists() and path.is_dir() != (name == CHECKPOINTS_DIR):
+            foreign.append(name)
+    return foreign
+
+
+def _occupied(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def _is_run_record(path: Path) -> bool:
+    """Whether ``path`` is a run's ``config.json`` (read as JSON, not checked further)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and data.get("format") == RUN_FORMAT
 
 
 def _check_world_size(run_path: Path, world_size: int) -> None:

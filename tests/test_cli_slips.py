@@ -1,0 +1,155 @@
+"""Slips a user makes on the command line that must not lose work or train the wrong run.
+
+An unset shell variable (``--run-dir "$OUT"``), ``--run-dir .`` in a project's
+folder, a method typed in capitals, a misspelled ``--exclude`` checked only by
+``--print-config``, an N:M pattern no layer can hold, a file where ``bench``
+wants a folder: each is refused (or read as meant) before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+import feather_sparse as fs
+from _guards import guard
+from _helpers import tiny_config, tiny_run, tiny_run_args
+from feather_sparse import cli
+from feather_sparse.recipes import load_config
+from feather_sparse.train import train
+
+SMALL = tiny_run(train_size=128, test_size=32, eval_batch_size=32)
+ARGS = tiny_run_args(train_size=128, test_size=32, epochs=1)
+
+USER_FILES = {"config.json": '{"my": "project settings"}\n', "report.md": "# my notes\n"}
+
+
+def _user_folder(folder: Path) -> Path:
+    folder.mkdir(exist_ok=True)
+    for name, text in USER_FILES.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def _unchanged(folder: Path) -> bool:
+    return all((folder / n).read_text() == t for n, t in USER_FILES.items())
+
+
+@guard(
+    "`train --run-dir` naming a folder with the user's own `config.json`/`report.md`",
+    "CLI exit 1 naming the files; nothing in the folder changes",
+)
+def test_a_run_does_not_write_over_the_users_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _user_folder(tmp_path / "project")
+    assert cli.main(["train", *ARGS, "--run-dir", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert "config.json, report.md" in err and "no run wrote" in err
+    assert _unchanged(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "report.md"]
+
+
+def test_a_run_folder_left_by_a_failed_run_is_used_again(tmp_path: Path) -> None:
+    # What a run that failed before its first epoch leaves: its own config.json and log.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"format": "feather-sparse-run"}))
+    (run / "train.log").write_text("failed\n")
+    result = train(tiny_config(SMALL, epochs=1), run, progress=False)
+    assert result.completed
+    assert json.loads((run / "config.json").read_text())["config"]["epochs"] == 1
+
+
+@guard('`train --run-dir ""` (an unset shell variable)', "CLI exit 1; nothing is written")
+def test_an_empty_run_dir_is_refused_not_read_as_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _user_folder(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", *ARGS, "--run-dir", ""]) == 1
+    assert "empty path" in capsys.readouterr().err
+    assert _unchanged(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "report.md"]
+
+
+@guard('`train --init-from ""` (an unset shell variable)', "CLI exit 1, before anything runs")
+def test_an_empty_init_from_is_refused_not_a_random_init(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["train", *ARGS, "--init-from", "", "--run-dir", str(tmp_path / "run")]
+    assert cli.main(argv) == 1
+    assert "init_from: an empty path" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    assert cli.main([*argv[:-2], "--print-config"]) == 1
+
+
+@guard('`train --recipe ""`', "CLI exit 1: unknown recipe (not the default one)")
+def test_an_empty_recipe_is_refused_not_the_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["train", *ARGS, "--recipe", "", "--print-config"]) == 1
+    assert "unknown recipe ''" in capsys.readouterr().err
+
+
+def test_names_typed_in_another_case_are_stored_as_registered() -> None:
+    config = load_config("mnist1d", {"method": "Feather", "backbone": "GLOBAL"})
+    assert (config.method, config.backbone) == ("feather", "global")
+    assert load_config("mnist1d", {"schedule": "Cubic", "operator": "FEATHER"}).schedule == "cubic"
+    assert load_config("mnist1d", {"theta": " Auto"}).theta == "auto"
+    assert fs.Pruner(nn.Linear(8, 8), 0.5, 4, theta="AUTO").config()["theta"] == "auto"
+
+
+def test_a_run_started_as_Feather_resumes_as_feather(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert cli.main(["train", *ARGS, "--method", "Feather", "--run-dir", str(run)]) == 0
+    # The canonical name is the one recorded, so the canonical spelling resumes it.
+    assert json.loads((run / "config.json").read_text())["config"]["method"] == "feather"
+    assert cli.main(["train", "--resume", str(run), "--method", "feather"]) == 0
+
+
+@guard(
+    "`train --exclude` naming no module, checked with `--print-config`",
+    "CLI exit 1 with training's message (did you mean ...)",
+)
+def test_print_config_checks_exclude_names_against_the_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["train", *ARGS, "--exclude", "fcc", "--print-config"]) == 1
+    err = capsys.readouterr().err
+    assert "exclude names no module" in err and "'fc'" in err
+    assert cli.main(["train", *ARGS, "--exclude", "fc", "--print-config"]) == 0
+
+
+@guard(
+    "`train --pattern 2:7`, which no layer's reduction dimension fits",
+    "CLI exit 1 naming the layers and an M that fits (also with `--print-config`)",
+)
+def test_a_pattern_that_fits_no_layer_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for extra in (["--print-config"], ["--run-dir", str(tmp_path / "run")]):
+        assert cli.main(["train", *ARGS, "--pattern", "2:7", *extra]) == 1
+        err = capsys.readouterr().err
+        assert "pattern 2:7 fits no prunable layer" in err and "e.g. 2:4" in err, err
+        assert "relax exclude" not in err
+    assert not (tmp_path / "run").exists()
+
+
+@guard("`bench --out`/`--runs-dir` naming an existing file", "CLI exit 1 naming the flag")
+@pytest.mark.parametrize("flag", ["--out", "--runs-dir"])
+def test_bench_folders_that_are_files_are_refused(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    for folder in (afile, afile / "sub"):
+        argv = ["bench", "operator", "--quick", "--plan", "--jobs", "1", flag, str(folder)]
+        if flag == "--runs-dir":
+            argv += ["--out", str(tmp_path / "res")]
+        assert cli.main(argv) == 1
+        assert f"{flag} {folder}" in capsys.readouterr().err
+    assert afile.read_text() == "mine\n"
