@@ -1064,11 +1064,11 @@ def _materialize_meta(model: nn.Module, state: Mapping[str, Tensor], path: str) 
     """
     slots_of: list[tuple[dict[str, Any], str, str]] = []  # (slots, attribute, state key)
     for module_name, module in model.named_modules(remove_duplicate=False):
-        prefix = f"{module_name}." if module_name else ""
-        for slots in (module._parameters, module._buffers):
+        owner = module_name + "." if module_name else ""
+        for slots in [module._parameters, module._buffers]:
             for name, tensor in slots.items():
                 if isinstance(tensor, Tensor) and tensor.is_meta:
-                    slots_of.append((slots, name, prefix + name))
+                    slots_of.append((slots, name, owner + name))
     if not slots_of:
         return
     unfilled = sorted({key for _, _, key in slots_of if key not in state})

@@ -339,13 +339,12 @@ def to_sparse_inference(
         if numel < max(min_weights, 1):
             continue
         sparsity = 1.0 - int(torch.count_nonzero(weight.detach())) / numel
-        if sparsity < min_sparsity:
-            continue
-        reason = _why_not_plain(module, owners.get(id(module)))
-        if reason is not None:
-            logger.info("%s stays dense: %s", name, reason)
-            continue
-        candidates[name] = module
+        if sparsity >= min_sparsity:
+            reason = _why_not_plain(module, owners.get(id(module)))
+            if reason is None:
+                candidates[name] = module
+            else:
+                logger.info("%s stays dense: %s", name, reason)
 
     def convert(module: nn.Module) -> nn.Module:
         if isinstance(module, nn.Linear):

@@ -14,6 +14,7 @@ never the final target unless one is asked for explicitly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -372,13 +373,10 @@ def _from_sparse_file(path: Path, warning: str | None = None) -> ExportSource:
     if not _has_spec(info):
         raise NoModelSpecError(path)
     model = load_sparse(path)
-    return ExportSource(
-        model=model.eval(),
-        metadata=dict(info.metadata),
-        path=path,
-        values=info.values,
-        warning=warning,
+    source = ExportSource(
+        model=model.eval(), metadata=dict(info.metadata), path=path, values=info.values
     )
+    return source if warning is None else dataclasses.replace(source, warning=warning)
 
 
 def _step_of(value: Any) -> int | None:
