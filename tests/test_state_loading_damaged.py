@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 import feather_sparse as fs
+from _guards import guard
 from test_pruner_guards import damaged
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -139,6 +140,10 @@ ASL_DAMAGE: list[tuple[str, Any, str]] = [
 ]
 
 
+@guard(
+    "`Pruner.load_state_dict` of a damaged ASL+ state (a key missing, `sigma` short, NaN)",
+    "`ValueError` saying nothing was loaded; the learned thresholds `r_l` untouched",
+)
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     ASL_DAMAGE,
@@ -189,6 +194,10 @@ def frozen_state() -> dict[str, Any]:
     return state
 
 
+@guard(
+    "a Spartan Pruner state saved from a model with other layer shapes",
+    "`ValueError` naming the layer (saved from another model); model untouched",
+)
 def test_a_spartan_state_of_a_model_with_other_shapes_is_refused_naming_the_layer(
     frozen_state: dict[str, Any],
 ) -> None:
@@ -251,6 +260,10 @@ SPARTAN_DAMAGE: list[tuple[str, Any, str]] = [
 ]
 
 
+@guard(
+    "a damaged Spartan state (masks missing or short, NaN/negative β, NaN threshold)",
+    "`ValueError` saying nothing was loaded; the Pruner goes on as it was",
+)
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     SPARTAN_DAMAGE,
@@ -280,6 +293,10 @@ def test_a_damaged_spartan_state_is_refused_before_anything_is_set(
     assert_refused_and_goes_on("spartan", 3, bad, message)
 
 
+@guard(
+    "an S-STE / one-shot N:M state that says its β or masks were taken but lacks them",
+    "`ValueError` (damaged state), not a β measured again",
+)
 # ---------------------------------------------------------------------- S-STE, one-shot
 @pytest.mark.parametrize(
     ("method", "key", "value"),
