@@ -304,7 +304,7 @@ MUTATIONS = [
     dict(
         id="bbn36",
         desc="ASL+ load_state_dict: the loss's target not restored (0 until the next update)",
-        old='        self._target = float(state["target"])\n',
+        old="        self._target = float(target)\n",
         new="",
         tests=ASL,
     ),

@@ -110,8 +110,8 @@ MUTATIONS = [
         file=RULES,
         tests=_RULES_TESTS,
         desc="_number: a bool taken for a number (True = 1)",
-        old="if isinstance(value, bool) or not isinstance(value, (int, float)):",
-        new="if not isinstance(value, (int, float)):",
+        old="if isinstance(value, bool) or not isinstance(value, numbers.Real):",
+        new="if not isinstance(value, numbers.Real):",
     ),
     dict(
         id="cf10",
@@ -158,8 +158,8 @@ MUTATIONS = [
         file=RULES,
         tests=_RULES_TESTS,
         desc="check_theta: 'auto' accepted where allow_auto is False",
-        old='if allow_auto and value == "auto":',
-        new='if value == "auto":',
+        old='if allow_auto and isinstance(value, str) and value.strip().lower() == "auto":',
+        new='if isinstance(value, str) and value.strip().lower() == "auto":',
     ),
     dict(
         id="cf16",

@@ -277,8 +277,8 @@ MUTATIONS = [
     dict(
         id="meth39",
         desc="_leave_misfits_dense: layers the config excludes tested again (named and excluded twice)",
-        old="for t in _find_targets(model, settings.include, settings.exclude, settings.min_params):",
-        new="for t in _find_targets(model, settings.include, (), settings.min_params):",
+        old="targets = _find_targets(model, settings.include, settings.exclude, settings.min_params)",
+        new="targets = _find_targets(model, settings.include, (), settings.min_params)",
     ),
     dict(
         id="meth40",

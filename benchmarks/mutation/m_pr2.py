@@ -113,8 +113,8 @@ MUTATIONS = [
     dict(
         id="pr210",
         desc="attach: total_steps=True taken as 1",
-        old="if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0:",
-        new="if not isinstance(total_steps, int) or total_steps <= 0:",
+        old="steps = as_int(total_steps)",
+        new="steps = total_steps if isinstance(total_steps, int) else as_int(total_steps)",
     ),
     dict(
         id="pr211",

@@ -275,8 +275,8 @@ MUTATIONS = [
         desc="_int_at_least: a bool accepted (update_every=True)",
         file=CONFIG,
         tests=CONFIG_TESTS,
-        old="if isinstance(value, bool) or not isinstance(value, int) or value < low:",
-        new="if not isinstance(value, int) or value < low:",
+        old="number = as_int(value)",
+        new="number = value if isinstance(value, int) else as_int(value)",
     ),
     dict(
         id="prcfg11",
