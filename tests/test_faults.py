@@ -373,6 +373,7 @@ def test_export_of_a_damaged_run_falls_back_to_the_previous_checkpoint(
     damaged_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = damaged_run
+    (run / "model.fsp").unlink()  # a run that has not finished: no final model to prefer
     out, expected = tmp_path / "out.fsp", tmp_path / "prev.fsp"
     assert cli.main(["export", str(run / "checkpoints" / "prev.pt"), "-o", str(expected)]) == 0
     capsys.readouterr()
@@ -386,6 +387,7 @@ def test_export_of_a_run_whose_last_checkpoint_is_no_zip_falls_back(
     finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = copy_run(finished_run, tmp_path)
+    (run / "model.fsp").unlink()  # a run that has not finished: no final model to prefer
     last = checkpoint_path(run)
     last.write_bytes(b"\0" * 8 + last.read_bytes()[8:])  # its zip signature gone
     assert cli.main(["export", str(run), "-o", str(tmp_path / "out.fsp")]) == 0

@@ -137,11 +137,13 @@ def test_preparing_a_run_folder_keeps_the_files_of_live_writers(tmp_path: Path) 
     (run / "checkpoints").mkdir(parents=True)
     dead = run / ".model.fsp.999999999.0a1b2c3d.tmp"
     alive = run / f".model.fsp.{os.getppid()}.0a1b2c3d.tmp"
-    killed = run / "checkpoints" / ".last.pt.killed.tmp"  # no pid: a killed writer
-    for f in (dead, alive, killed):
+    killed = run / "checkpoints" / ".last.pt.999999999.0a1b2c3d.tmp"  # a killed writer
+    users = run / "checkpoints" / ".last.pt.killed.tmp"  # no pid: not a temporary file of ours
+    for f in (dead, alive, killed, users):
         f.write_bytes(b"x")
     _prepare(run)
     assert alive.exists() and not dead.exists() and not killed.exists()
+    assert users.exists()
 
 
 @guard(

@@ -357,7 +357,7 @@ def test_interrupted_checkpoint_write_keeps_the_previous_one(
 def test_save_checkpoint_is_atomic_and_load_rejects_garbage(tmp_path: Path) -> None:
     path = tmp_path / "ckpt" / "last.pt"
     save_checkpoint(checkpoint_state(epoch=1), path)
-    (path.parent / ".last.pt.killed.tmp").write_bytes(b"half a checkpoint")  # a killed writer
+    (path.parent / ".last.pt.999999999.0a1b2c3d.tmp").write_bytes(b"half a checkpoint")  # killed
     save_checkpoint(checkpoint_state(epoch=2), path)
     assert load_checkpoint(path)["epoch"] == 2
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]

@@ -160,7 +160,7 @@ MUTATIONS = [
         file=INTEGRITY,
         tests=FILES_TESTS,
         desc="write_atomic: the file keeps mkstemp's private mode 0600 (chmod dropped)",
-        old="os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes it private (0600)",
+        old="os.chmod(tmp_name, _mode_for(path))  # mkstemp makes it private (0600)",
         new="pass",
     ),
     dict(

@@ -672,6 +672,10 @@ def check_layers(config: TrainConfig, model: nn.Module) -> None:
     fits at least one layer. ``model`` may live on the meta device: only the
     layers' names, types and shapes are read.
 
+    Args:
+        config: the run's ``TrainConfig``.
+        model: the model the run would build, on any device.
+
     Raises:
         ValueError: naming the field and the fix, as :func:`build_pruner` would.
     """

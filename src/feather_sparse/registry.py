@@ -91,6 +91,9 @@ class Registry(Generic[T]):
     def canonical(self, name: str) -> str:
         """The registered spelling of ``name`` (``"Feather"`` -> ``"feather"``).
 
+        Args:
+            name: a registered name, in any case, with ``-`` or ``_``.
+
         Raises:
             ValueError: for an unknown name, as :meth:`get` does.
         """
