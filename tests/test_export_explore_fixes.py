@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
+from _guards import guard
 from _helpers import tiny_config, tiny_run
 from feather_sparse import cli, integrity
 from feather_sparse.export.header import smaller_or_larger
@@ -44,6 +45,10 @@ def _convert(model: nn.Module) -> nn.Module:
     return to_sparse_inference(model.eval(), min_sparsity=0.0, min_weights=0)
 
 
+@guard(
+    "`to_sparse_inference` on a Linear subclass with its own forward, or a layer with hooks",
+    "the layer stays dense, named in the log with the reason; outputs unchanged",
+)
 def test_a_linear_subclass_with_its_own_forward_stays_dense(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -87,6 +92,10 @@ def test_a_1x1_conv_subclass_with_its_own_forward_stays_dense() -> None:
     torch.testing.assert_close(out(x), model(x))
 
 
+@guard(
+    "`to_sparse_inference` on `nn.MultiheadAttention` / `nn.TransformerEncoderLayer`",
+    "their projections stay dense (they read `.weight`); the model still runs",
+)
 def test_multihead_attention_and_encoder_layers_keep_the_layers_they_read(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -117,6 +126,10 @@ def test_a_bare_multihead_attention_runs_after_conversion() -> None:
     torch.testing.assert_close(out(x, x, x)[0], mha(x, x, x)[0])
 
 
+@guard(
+    "`save_sparse` of a `create_model` model changed where its tensors do not show it (GELU)",
+    "warning naming the modules; the file is written without the spec",
+)
 # ============================================================ create_model spec
 def test_a_model_changed_without_changing_its_tensors_is_saved_without_its_spec(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -157,6 +170,10 @@ class _Tied(nn.Module):
         return self.head(self.mid(self.embed(x)))
 
 
+@guard(
+    "`load_sparse(path, model)` into a model built on the meta device",
+    "the model gets the file's tensors (ties kept); a buffer the file lacks: `ValueError`",
+)
 def test_load_sparse_into_a_meta_model_gives_it_the_files_tensors(tmp_path: Path) -> None:
     saved = _Tied()
     fs.save_sparse(saved, tmp_path / "m.fsp")
@@ -225,6 +242,10 @@ def _same_model(a: nn.Module, b: nn.Module) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+@guard(
+    "`export RUN` of a finished run whose `last.pt` is damaged",
+    "exports the intact `RUN/model.fsp`, saying so (not `prev.pt`)",
+)
 @pytest.mark.parametrize("keep_previous", [True, False])
 def test_a_finished_run_with_a_damaged_last_checkpoint_exports_its_model_fsp(
     finished_run: Path, tmp_path: Path, keep_previous: bool
@@ -262,6 +283,10 @@ def test_a_damaged_model_fsp_is_not_exported_for_a_damaged_last_pt(
         load_export_source(run)
 
 
+@guard(
+    "`save_sparse`/`export -o` over a symbolic link",
+    "writes the file the link points to; the link kept",
+)
 # ============================================================ write_atomic and temp files
 def test_write_atomic_writes_through_a_symlink_and_keeps_it(tmp_path: Path) -> None:
     real, link = tmp_path / "runs" / "model.fsp", tmp_path / "latest.fsp"
@@ -288,6 +313,10 @@ def test_write_atomic_keeps_the_permissions_of_the_file_it_replaces(tmp_path: Pa
         assert path.read_bytes() == b"two"
 
 
+@guard(
+    "a user's own `.*.tmp` file in a run folder",
+    "kept: only the library's own temporary names are cleaned up",
+)
 def test_the_temp_file_clean_up_removes_only_this_librarys_temporary_files(
     tmp_path: Path,
 ) -> None:
@@ -362,4 +391,22 @@ def test_a_path_ending_in_a_separator_is_refused_as_a_folder(tmp_path: Path) -> 
     pytest.importorskip("onnx")
     with pytest.raises(IsADirectoryError, match=r"names a folder .* e\.g\. .*out/model\.onnx"):
         fs.export_onnx(nn.Linear(2, 2), folder, torch.randn(1, 2))
+    assert not (tmp_path / "out").exists()
+
+
+@guard(
+    "`export -o out/` or `--onnx out/` (a folder)",
+    "CLI exit 1 naming the flag and a file name in it; nothing written",
+)
+def test_the_export_command_refuses_an_output_ending_in_a_separator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "m.fsp"
+    fs.save_sparse(nn.Linear(2, 2), source)
+    for flag, example in (("-o", "model.fsp"), ("--onnx", "model.onnx")):
+        folder = f"{tmp_path / 'out'}/"
+        assert cli.main(["export", str(source), flag, folder]) == 1
+        err = capsys.readouterr().err
+        assert f"{flag} {folder} names a folder" in err
+        assert f"e.g. {flag} {tmp_path / 'out' / example}" in err
     assert not (tmp_path / "out").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o",
         "--output",
-        type=Path,
+        type=str,  # as typed: Path("out/") drops the separator that makes it a folder
         help="sparse checkpoint to write (.fsp; a name ending in .onnx is refused: use --onnx)",
     )
     parser.add_argument(
@@ -71,7 +72,7 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         "(a finished run: its target; an unfinished one: the thresholds in use); "
         "warns when the weights were not trained for it",
     )
-    parser.add_argument("--onnx", type=Path, help="also write the dense-format model as ONNX")
+    parser.add_argument("--onnx", type=str, help="also write the dense-format model as ONNX")
     parser.add_argument("--opset", type=int, help="ONNX opset (default: newest supported)")
     parser.add_argument(
         "--input-shape",
@@ -102,6 +103,22 @@ def _example_input(model: nn.Module, shape: tuple[int, ...]) -> torch.Tensor:
     """A batch of 2 random samples in the dtype of the model's weights (float32 if none)."""
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     return torch.randn(2, *shape, dtype=dtype)
+
+
+def _file_arg(flag: str, raw: str | None, example: str) -> Path | None:
+    """The file a flag names; a name ending in a path separator names a folder.
+
+    Raises:
+        ValueError: for ``out/``, naming the flag and a file name in that folder.
+    """
+    if raw is None:
+        return None
+    if raw.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)) and raw.strip("/\\"):
+        raise ValueError(
+            f"{flag} {raw} names a folder (it ends in a path separator); give a file name, "
+            f"e.g. {flag} {Path(raw) / example}"
+        )
+    return Path(raw)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -173,6 +190,8 @@ def run(command: str, args: argparse.Namespace) -> int:
         return 0
     if args.output is None and args.onnx is None:
         raise ValueError("nothing to write: give -o model.fsp and/or --onnx model.onnx")
+    args.output = _file_arg("-o", args.output, "model.fsp")
+    args.onnx = _file_arg("--onnx", args.onnx, "model.onnx")
     if args.output is not None and args.onnx is not None and _same_file(args.output, args.onnx):
         raise ValueError(
             f"-o and --onnx both name {args.output}: the ONNX model would replace the .fsp; "
