@@ -12,14 +12,16 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
 
 import feather_sparse as fs
 from _guards import guard
 from _helpers import tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli
-from feather_sparse.recipes import load_config
-from feather_sparse.train import train
+from feather_sparse.recipes import load_config, parse_override
+from feather_sparse.train import ProcessLost, train
+from feather_sparse.train.loop import _backend_words, _lost_contact
 
 SMALL = tiny_run(train_size=128, test_size=32, eval_batch_size=32)
 ARGS = tiny_run_args(train_size=128, test_size=32, epochs=1)
@@ -153,3 +155,37 @@ def test_bench_folders_that_are_files_are_refused(
         assert cli.main(argv) == 1
         assert f"{flag} {folder}" in capsys.readouterr().err
     assert afile.read_text() == "mine\n"
+
+
+def test_set_reads_a_quoted_string_as_toml_does() -> None:
+    assert parse_override('dataset="synthetic-mnist1d"') == ("dataset", "synthetic-mnist1d")
+    assert parse_override("data_dir='/data/c'") == ("data_dir", "/data/c")
+    assert parse_override('data_dir="a') == ("data_dir", '"a')  # not a TOML string: as typed
+    config = load_config("mnist1d", dict([parse_override('dataset="synthetic-mnist1d"')]))
+    assert config.dataset == "synthetic-mnist1d"
+
+
+@guard(
+    "another process of a multi-process run killed mid-training (out of memory, a lost node)",
+    "`ProcessLost` (CLI exit 1) naming the epoch the checkpoint holds and the resume command",
+)
+def test_a_lost_process_is_told_with_the_command_that_continues_the_run(tmp_path: Path) -> None:
+    gone = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection reset by peer")
+    assert _lost_contact(gone)
+    assert _lost_contact(torch.distributed.DistBackendError("NCCL communicator was aborted"))
+    assert not _lost_contact(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not _lost_contact(ValueError("connection reset"))  # not a backend's error
+    err = ProcessLost("Connection reset by peer", tmp_path, 2, 40, 5, 2, world_size=2)
+    text = str(err)
+    assert "lost contact with another process of the run in epoch 3/5 at step 40" in text
+    assert "(Connection reset by peer)" in text
+    assert text.endswith(
+        f"the last checkpoint holds epoch 2; continue with: "
+        f"torchrun --nproc_per_node=2 -m feather_sparse train --resume {tmp_path}"
+    )
+    assert "start the run again" in str(ProcessLost("x", tmp_path, 0, 3, 5, None, world_size=2))
+    gloo = (
+        "[/w/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:13196. "
+        "This is typically caused by a remote worker crashing. GLHF!"
+    )
+    assert _backend_words(gloo) == "Connection closed by peer [127.0.0.1]:13196"

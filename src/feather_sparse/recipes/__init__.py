@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -564,7 +565,9 @@ def parse_override(text: str) -> tuple[str, str]:
         text: the override as given, ``key=value``.
 
     Returns:
-        ``(key, value)``, the value still a string, stripped.
+        ``(key, value)``, the value still a string, stripped; a TOML string
+        (``"synthetic-mnist1d"`` or ``'...'``, quotes and all) is read as TOML
+        reads it, so the quotes are not part of the value.
 
     Raises:
         ValueError: if there is no ``=`` or no key.
@@ -573,7 +576,11 @@ def parse_override(text: str) -> tuple[str, str]:
     key = key.strip().replace("-", "_")
     if not sep or not key:
         raise ValueError(f"--set expects key=value (e.g. --set lr=0.05), got {text!r}")
-    return key, value.strip()
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        with contextlib.suppress(tomllib.TOMLDecodeError):
+            value = tomllib.loads(f"v = {value}")["v"]
+    return key, value
 
 
 def _check_pattern_sparsity(values: Mapping[str, Any]) -> None:

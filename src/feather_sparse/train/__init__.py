@@ -55,7 +55,7 @@ from feather_sparse.train.loop import EpochCallback, check_config, evaluate, tra
 from feather_sparse.train.optim import build_lr_scheduler, build_optimizer, lr_factor
 from feather_sparse.train.progress import BAR_REFRESHES_PER_EPOCH as BAR_REFRESHES_PER_EPOCH
 from feather_sparse.train.progress import LOG_INTERVAL_S as LOG_INTERVAL_S
-from feather_sparse.train.result import TrainingInterrupted, TrainResult
+from feather_sparse.train.result import ProcessLost, TrainingInterrupted, TrainResult
 from feather_sparse.train.run_dir import DEFAULT_RUNS_ROOT as DEFAULT_RUNS_ROOT
 from feather_sparse.train.run_dir import RUN_FORMAT as RUN_FORMAT
 from feather_sparse.train.run_dir import default_run_dir
@@ -65,6 +65,7 @@ __all__ = [
     "RESUME_FREE_FIELDS",
     "DistContext",
     "EpochCallback",
+    "ProcessLost",
     "TrainResult",
     "TrainingInterrupted",
     "add_cli_arguments",

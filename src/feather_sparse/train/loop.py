@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +27,7 @@ from torch.nn.utils import parametrize
 
 from feather_sparse import _text, models, run_lock
 from feather_sparse.data import DATASETS, check_dataset_options, load_dataset
-from feather_sparse.integrity import DiskFullError
+from feather_sparse.integrity import DiskFullError, first_line
 from feather_sparse.methods import check_layers, check_method
 from feather_sparse.models import check_model_kwargs, create_model, model_info
 from feather_sparse.pruner import PrunerReport
@@ -64,7 +65,12 @@ from feather_sparse.train.progress import (
     _threshold_value,
     _use_bar,
 )
-from feather_sparse.train.result import TrainingInterrupted, TrainResult, resume_command
+from feather_sparse.train.result import (
+    ProcessLost,
+    TrainingInterrupted,
+    TrainResult,
+    resume_command,
+)
 from feather_sparse.train.run_dir import (
     RUN_FORMAT,
     _export_unavailable,
@@ -392,18 +398,64 @@ def _train(
     except KeyboardInterrupt as err:
         if isinstance(err, TrainingInterrupted):
             raise
-        saved = s.saved_epoch
-        if saved != s.epoch and checkpoint_path(run_dir).is_file():
-            # Ctrl-C may land after the checkpoint's rename but before the
-            # save returned: the file, not the counter, says what was saved.
-            with contextlib.suppress(Exception):
-                saved = int(load_checkpoint(checkpoint_path(run_dir))["epoch"])
         raise TrainingInterrupted(
-            run_dir, s.epoch, s.step, config.epochs, saved, ctx.world_size, ctx.local_world_size
+            run_dir,
+            s.epoch,
+            s.step,
+            config.epochs,
+            _saved_epoch(s, run_dir),
+            ctx.world_size,
+            ctx.local_world_size,
         ) from None
+    except Exception as err:
+        if ctx.world_size > 1 and _lost_contact(err):
+            raise ProcessLost(
+                _backend_words(first_line(err)),
+                run_dir,
+                s.epoch,
+                s.step,
+                config.epochs,
+                _saved_epoch(s, run_dir),
+                ctx.world_size,
+                ctx.local_world_size,
+            ) from err
+        raise
     finally:
         if writer is not None:
             writer.close()
+
+
+def _saved_epoch(s: _Session, run_dir: Path) -> int | None:
+    """The epoch the newest checkpoint holds, when training stops abruptly.
+
+    A stop may land after the checkpoint's rename but before the save
+    returned: the file, not the counter, says what was saved.
+    """
+    saved = s.saved_epoch
+    if saved != s.epoch and checkpoint_path(run_dir).is_file():
+        with contextlib.suppress(Exception):
+            saved = int(load_checkpoint(checkpoint_path(run_dir))["epoch"])
+    return saved
+
+
+#: What the collective backends say when another process of the run is gone.
+_LOST_CONTACT = ("connection reset", "connection closed", "connection refused", "broken pipe")
+
+
+def _backend_words(text: str) -> str:
+    """A backend's message without its source location and its advice to the reader:
+    ``[.../pair.cc:553] Connection closed by peer [::1]:13196. This is typically ...``
+    gives ``Connection closed by peer [::1]:13196``."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)
+    return text.split(". ", 1)[0].rstrip(".")
+
+
+def _lost_contact(err: BaseException) -> bool:
+    """Whether ``err`` says another process of the run stopped (killed, its node lost)."""
+    text = str(err).lower()
+    return isinstance(err, torch.distributed.DistError) or (
+        isinstance(err, RuntimeError) and any(words in text for words in _LOST_CONTACT)
+    )
 
 
 def check_config(config: TrainConfig, *, stop_after_epoch: int | None = None) -> None:

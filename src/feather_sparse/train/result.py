@@ -93,6 +93,31 @@ def resume_command(
     )
 
 
+def _where_and_then(
+    run_dir: Path,
+    epoch: int,
+    step: int,
+    epochs: int,
+    saved_epoch: int | None,
+    world_size: int,
+    local_world_size: int | None,
+) -> tuple[str, str]:
+    """Where training stopped, and what to do: continue from the checkpoint, or start again."""
+    where = (
+        f"while finishing, after epoch {epoch}/{epochs}"
+        if epoch >= epochs
+        else f"in epoch {epoch + 1}/{epochs} at step {step}"
+    )
+    if saved_epoch is None:
+        then = "no epoch was finished, nothing was saved; start the run again"
+    else:
+        then = (
+            f"the last checkpoint holds epoch {saved_epoch}; continue with: "
+            f"{resume_command(run_dir, world_size, local_world_size)}"
+        )
+    return where, then
+
+
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during training: where the run stopped, and the command that continues it.
 
@@ -120,16 +145,37 @@ class TrainingInterrupted(KeyboardInterrupt):
     ) -> None:
         self.run_dir, self.epoch, self.step, self.saved_epoch = run_dir, epoch, step, saved_epoch
         self.world_size, self.local_world_size = world_size, local_world_size
-        where = (
-            f"while finishing, after epoch {epoch}/{epochs}"
-            if epoch >= epochs
-            else f"in epoch {epoch + 1}/{epochs} at step {step}"
+        where, then = _where_and_then(
+            run_dir, epoch, step, epochs, saved_epoch, world_size, local_world_size
         )
-        if saved_epoch is None:
-            then = "no epoch was finished, nothing was saved; start the run again"
-        else:
-            then = (
-                f"the last checkpoint holds epoch {saved_epoch}; continue with: "
-                f"{resume_command(run_dir, world_size, local_world_size)}"
-            )
         super().__init__(f"interrupted {where}; {then}")
+
+
+class ProcessLost(RuntimeError):
+    """Another process of a multi-process run stopped (killed, out of memory, its node
+    lost): where this one was, and the command that continues the run.
+
+    Attributes:
+        run_dir: the run folder.
+        saved_epoch: the epoch the newest checkpoint holds (None: none saved).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        run_dir: Path,
+        epoch: int,
+        step: int,
+        epochs: int,
+        saved_epoch: int | None,
+        world_size: int,
+        local_world_size: int | None = None,
+    ) -> None:
+        self.run_dir, self.saved_epoch = run_dir, saved_epoch
+        where, then = _where_and_then(
+            run_dir, epoch, step, epochs, saved_epoch, world_size, local_world_size
+        )
+        super().__init__(
+            f"lost contact with another process of the run {where} ({reason}): it stopped, "
+            f"was killed (out of memory?) or its node was lost; {then}"
+        )
