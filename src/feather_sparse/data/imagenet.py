@@ -23,6 +23,7 @@ torchvision's resize and crop call these same Pillow operations).
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -43,6 +44,7 @@ __all__ = [
     "ImageFolder",
     "ImageFolderLoader",
     "RandomResizedCropFlip",
+    "UnreadableImageError",
     "find_classes",
 ]
 
@@ -145,17 +147,38 @@ class RandomResizedCropFlip:
         return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio})"
 
 
+def _check_eval_sizes(size: Any, resize: Any, size_name: str, resize_name: str) -> tuple[int, int]:
+    """``(size, resize)`` as ints if the central ``size`` square fits the resized image."""
+    for name, value in ((size_name, size), (resize_name, resize)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"imagenet: {name} must be a positive integer, got {value!r}")
+    size, resize = int(size), int(resize)
+    if size > resize:
+        raise ValueError(
+            f"imagenet: {size_name}={size} is larger than {resize_name}={resize}: the eval "
+            f"images' shorter side is resized to {resize_name} and the central {size_name} "
+            "square is taken, so it would run past the image and be padded with black; "
+            f"set {resize_name} >= {size_name} (the usual ratio is 256/224, e.g. "
+            f"{resize_name}={size * 256 // 224} for {size_name}={size})"
+        )
+    return size, resize
+
+
 class CenterCropEval:
     """Resize the shorter side to ``resize``, then take the central ``size`` square (eval).
 
     Args:
         size: side of the square output (224).
         resize: length of the shorter side before cropping (256).
+
+    Raises:
+        ValueError: if ``size`` or ``resize`` is not a positive integer, or
+            ``size > resize`` (the crop would run past the resized image, and
+            Pillow would fill the rest with black).
     """
 
     def __init__(self, size: int = 224, resize: int = 256) -> None:
-        self.size = size
-        self.resize = resize
+        self.size, self.resize = _check_eval_sizes(size, resize, "size", "resize")
 
     def __call__(self, img: Any, generator: torch.Generator | None = None) -> Tensor:
         """Resize and crop a PIL image; returns ``(3, size, size)`` uint8."""
@@ -204,6 +227,14 @@ def _scan(folder: Path, classes: Sequence[str], *, require_all: bool) -> list[tu
     return samples
 
 
+class UnreadableImageError(OSError):
+    """An image file that Pillow cannot open or decode; the message names the file.
+
+    An ``OSError``, like the Pillow errors it wraps, so code that handles
+    unreadable files still does.
+    """
+
+
 class ImageFolder(Dataset[tuple[Tensor, int]]):
     """Images in class folders, indexed by ``(index, sample_seed)`` keys.
 
@@ -227,8 +258,22 @@ class ImageFolder(Dataset[tuple[Tensor, int]]):
         index, sample_seed = key
         path, label = self.samples[index]
         image_module = _pil_image()
-        with image_module.open(path) as img:
-            rgb = img.convert("RGB")
+        try:
+            with image_module.open(path) as img:
+                rgb = img.convert("RGB")  # decodes: a truncated file fails here
+        except (FileNotFoundError, PermissionError):
+            raise  # these name the file, and the fix is not to replace it
+        except (OSError, SyntaxError, ValueError, EOFError) as err:
+            # Pillow's decode errors ("Truncated File Read", "broken data stream")
+            # name no file, and in a data set of a million images it cannot be found.
+            said = str(err)
+            reason = (
+                "not an image Pillow can read" if path in said else f"{type(err).__name__}: {said}"
+            )
+            raise UnreadableImageError(
+                f"cannot decode image {path} ({reason}); the file is truncated, damaged or "
+                "not an image: remove it or replace it with an intact copy"
+            ) from err
         generator = torch.Generator().manual_seed(sample_seed)
         return self.transform(rgb, generator), label
 
@@ -366,8 +411,11 @@ def build_imagenet(
 
     Options: ``image_size`` (crop side, 224), ``resize_size`` (eval shorter
     side, 256), ``augment`` (random resized crop + flip for training, else the
-    eval transform), ``mean``/``std``.
+    eval transform), ``mean``/``std``. ``resize_size`` must be at least
+    ``image_size`` (e.g. 329 for 288: the usual 256/224 ratio).
     """
+    # Before any folder is read: a crop larger than the resized image is padded with black.
+    _check_eval_sizes(image_size, resize_size, "image_size", "resize_size")
     _pil_image()  # fail early, before scanning folders, if Pillow is missing
     root = _check_layout(data_dir)
     classes = find_classes(root / "train")
