@@ -24,6 +24,7 @@ constructors, so a tampered archive cannot run code.
 from __future__ import annotations
 
 import io
+import logging
 import pickle
 import tarfile
 from collections.abc import Sequence
@@ -51,6 +52,8 @@ from feather_sparse.data.base import (
 )
 
 __all__ = ["CIFAR10", "CIFAR100", "CifarSpec", "read_cifar"]
+
+logger = logging.getLogger(__name__)
 
 _ROW = 3 * 32 * 32
 
@@ -231,6 +234,10 @@ def read_cifar(
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """Read a CIFAR variant from its archive or extracted folder.
 
+    Where the folder given holds both, an extracted folder that is incomplete
+    or damaged (an interrupted ``tar xzf``) is passed over, with a warning,
+    for the archive beside it.
+
     Args:
         data_dir: the folder holding ``spec.archive`` or ``spec.folder``, the
             archive itself, or the extracted folder itself.
@@ -243,7 +250,8 @@ def read_cifar(
     Raises:
         FileNotFoundError: if the data is not where ``data_dir`` says, with
             what was expected and where to get it.
-        ValueError: if a file is there but is not in the python format.
+        ValueError: if a file is there but is not in the python format (or,
+            where both are there, neither the folder nor the archive is usable).
     """
     if data_dir is None:
         raise FileNotFoundError(
@@ -254,17 +262,48 @@ def read_cifar(
     if not root.exists():
         raise _missing(spec, root, " (that path does not exist)")
     if root.is_file():
-        batches = _read_archive(root, spec)
-    elif root.name == spec.folder or all(
+        return _parse(_read_archive(root, spec), spec)
+    if root.name == spec.folder or all(
         (root / n).is_file() for n in (*spec.train_files, *spec.test_files)
     ):
-        batches = _read_folder(root, spec)
-    elif (root / spec.folder).is_dir():
-        batches = _read_folder(root / spec.folder, spec)
-    elif (root / spec.archive).is_file():
-        batches = _read_archive(root / spec.archive, spec)
-    else:
-        raise _missing(spec, root)
+        return _parse(_read_folder(root, spec), spec)
+    folder, archive = root / spec.folder, root / spec.archive
+    if folder.is_dir() and archive.is_file():
+        # An interrupted `tar xzf` leaves a partial folder beside the intact archive.
+        names = (*spec.train_files, *spec.test_files)
+        absent = [name for name in names if not (folder / name).is_file()]
+        try:
+            if not absent:
+                return _parse(_read_folder(folder, spec), spec)
+            problem = f"it lacks {', '.join(absent)}"
+        except (OSError, ValueError) as err:
+            problem = str(err)
+        logger.warning(
+            "%s: the extracted folder %s is incomplete or damaged (%s); reading the archive "
+            "%s instead (delete the folder, or extract the archive again, to silence this)",
+            spec.name,
+            folder,
+            problem,
+            archive,
+        )
+        try:
+            return _parse(_read_archive(archive, spec), spec)
+        except (OSError, ValueError) as err:
+            raise ValueError(
+                f"{spec.name}: neither the extracted folder nor the archive under {root} is "
+                f"usable. The folder {folder}: {problem}. The archive: {err}"
+            ) from err
+    if folder.is_dir():
+        return _parse(_read_folder(folder, spec), spec)
+    if archive.is_file():
+        return _parse(_read_archive(archive, spec), spec)
+    raise _missing(spec, root)
+
+
+def _parse(
+    batches: _Batches, spec: CifarSpec
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The train and test arrays of the batches read, each batch checked."""
 
     def join(names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         parts = [_parse_batch(batches[n][1], spec, batches[n][0]) for n in names]
