@@ -1,4 +1,4 @@
-"""Helpers shared by the model families: the standard weight initialisation.
+"""Helpers shared by the model families: the standard weight initialisation, size checks.
 
 Every model here is built from ordinary ``nn.Conv*``, ``nn.Linear`` and
 ``nn.BatchNorm*`` modules (the pruner attaches to their ``weight`` through
@@ -19,13 +19,60 @@ Every model here is built from ordinary ``nn.Conv*``, ``nn.Linear`` and
 from __future__ import annotations
 
 import math
+import numbers
+from typing import Any
 
 from torch import nn
 
-__all__ = ["init_weights"]
+from feather_sparse.rules import as_int
+
+__all__ = ["init_weights", "positive_int", "positive_multiplier"]
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def positive_int(name: str, value: Any, hint: str = "") -> int:
+    """``value`` as an int if it is a whole number >= 1 (NumPy's integers too).
+
+    A channel count, a block count or a whole-number width: a float (even
+    ``2.0``) or a bool is refused here, with the option's name, instead of
+    failing deep inside torch's layer constructors.
+
+    Args:
+        name: the option's name, for the message.
+        value: the value given.
+        hint: added after "a positive integer" in the message (e.g. what 1 means).
+
+    Raises:
+        ValueError: naming ``name``, the value and what is expected.
+    """
+    number = as_int(value)
+    if number is None or number < 1:
+        raise ValueError(f"{name} must be a positive integer{hint}, got {value!r}")
+    return number
+
+
+def positive_multiplier(name: str, value: Any) -> float:
+    """``value`` as a float if it is a finite number > 0 (a channel multiplier).
+
+    Args:
+        name: the option's name, for the message.
+        value: the value given.
+
+    Raises:
+        ValueError: for a bool, a non-number, zero, a negative number, NaN or infinity.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not 0.0 < float(value) < math.inf  # also rejects NaN
+    ):
+        raise ValueError(
+            f"{name} must be a positive finite number (a channel multiplier, e.g. 0.5 or 2), "
+            f"got {value!r}"
+        )
+    return float(value)
 
 
 def init_weights(model: nn.Module, classifier: nn.Linear | None = None) -> None:

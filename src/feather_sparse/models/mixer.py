@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from feather_sparse.models._layers import init_weights
+from feather_sparse.models._layers import init_weights, positive_int
 from feather_sparse.models._registry import register_model
 
 __all__ = ["MNIST1DMixer", "mnist1d_mlpmixer"]
@@ -83,7 +83,7 @@ class MNIST1DMixer(nn.Module):
         channel_hidden: hidden width of the channel-mixing MLPs.
 
     Raises:
-        ValueError: if a width or the depth is not positive.
+        ValueError: if a width or the depth is not a positive integer.
     """
 
     def __init__(
@@ -95,11 +95,10 @@ class MNIST1DMixer(nn.Module):
         channel_hidden: int = 256,
     ) -> None:
         super().__init__()
-        if min(dim, depth, token_hidden, channel_hidden) <= 0:
-            raise ValueError(
-                "dim, depth, token_hidden and channel_hidden must be positive, got "
-                f"{dim}, {depth}, {token_hidden}, {channel_hidden}"
-            )
+        dim = positive_int("dim", dim, " (channels per token)")
+        depth = positive_int("depth", depth, " (mixer blocks)")
+        token_hidden = positive_int("token_hidden", token_hidden)
+        channel_hidden = positive_int("channel_hidden", channel_hidden)
         self.embed = nn.Linear(PATCH, dim)
         self.blocks = nn.Sequential(
             *(MixerBlock(TOKENS, dim, token_hidden, channel_hidden) for _ in range(depth))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from feather_sparse.models._layers import init_weights
+from feather_sparse.models._layers import init_weights, positive_multiplier
 from feather_sparse.models._registry import register_model
 
 __all__ = ["DepthwiseSeparable", "MobileNetV1", "mobilenet_v1", "mobilenet_v1_imagenet"]
@@ -110,7 +110,8 @@ class MobileNetV1(nn.Module):
         in_channels: channels of the input images.
 
     Raises:
-        ValueError: if ``width_mult`` or ``stem_stride`` is not positive.
+        ValueError: if ``width_mult`` is not a positive finite number or
+            ``stem_stride`` is not positive.
     """
 
     def __init__(
@@ -122,8 +123,7 @@ class MobileNetV1(nn.Module):
         in_channels: int = 3,
     ) -> None:
         super().__init__()
-        if width_mult <= 0:
-            raise ValueError(f"width_mult must be positive, got {width_mult}")
+        width_mult = positive_multiplier("width_mult", width_mult)
         if stem_stride <= 0:
             raise ValueError(f"stem_stride must be a positive integer, got {stem_stride}")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from feather_sparse.models._layers import init_weights
+from feather_sparse.models._layers import init_weights, positive_int
 from feather_sparse.models._registry import register_model
 
 __all__ = ["BasicBlock", "CifarResNet", "resnet20"]
@@ -74,7 +74,8 @@ class CifarResNet(nn.Module):
         in_channels: channels of the input images.
 
     Raises:
-        ValueError: if ``depth`` is not ``6n + 2`` or ``width`` is not positive.
+        ValueError: if ``depth`` is not ``6n + 2`` or ``width`` is not a positive
+            integer (``0.5`` too: the stages' channels must be whole numbers).
     """
 
     def __init__(
@@ -83,8 +84,12 @@ class CifarResNet(nn.Module):
         super().__init__()
         if depth < 8 or (depth - 2) % 6 != 0:
             raise ValueError(f"depth must be 6n + 2 (20, 32, 44, 56, 110), got {depth}")
-        if width <= 0:
-            raise ValueError(f"width must be a positive integer, got {width}")
+        width = positive_int(
+            "width",
+            width,
+            " (the channel multiplier: 1 gives 16/32/64 channels, 2 the paper's "
+            "32/64/128; fractional widths are not supported)",
+        )
         blocks_per_stage = (depth - 2) // 6
         channels = [c * width for c in BASE_CHANNELS]
 

@@ -47,12 +47,12 @@ with batch norm (79,370 parameters); it is the non-convolutional baseline
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
 
-from feather_sparse.models._layers import init_weights
+from feather_sparse.models._layers import init_weights, positive_int, positive_multiplier
 from feather_sparse.models._registry import register_model
 
 __all__ = ["MNIST1DCNN", "MNIST1DMLP", "mnist1d_cnn", "mnist1d_mlp"]
@@ -75,13 +75,12 @@ class MNIST1DCNN(nn.Module):
         in_channels: channels of the input signal.
 
     Raises:
-        ValueError: if ``width`` is not positive.
+        ValueError: if ``width`` is not a positive finite number.
     """
 
     def __init__(self, num_classes: int = 10, width: float = 1.0, in_channels: int = 1) -> None:
         super().__init__()
-        if width <= 0:
-            raise ValueError(f"width must be positive, got {width}")
+        width = positive_multiplier("width", width)
         layers: list[nn.Module] = []
         prev = in_channels
         for channels, kernel, stride in CNN_LAYERS:
@@ -125,7 +124,7 @@ class MNIST1DMLP(nn.Module):
         input_shape: shape of one sample; its product is the first layer's input size.
 
     Raises:
-        ValueError: if a hidden width or ``input_shape`` entry is not positive.
+        ValueError: if a hidden width or ``input_shape`` entry is not a positive integer.
     """
 
     def __init__(
@@ -135,10 +134,14 @@ class MNIST1DMLP(nn.Module):
         input_shape: Sequence[int] = MNIST1D_SHAPE,
     ) -> None:
         super().__init__()
-        if not input_shape or min(input_shape) <= 0 or (hidden and min(hidden) <= 0):
+        if isinstance(hidden, (str, bytes)) or not isinstance(hidden, Sequence):
             raise ValueError(
-                f"hidden widths and input_shape must be positive, got {hidden} and {input_shape}"
+                f"hidden must be a list of layer widths (e.g. [256, 256]), got {hidden!r}"
             )
+        if not input_shape:
+            raise ValueError(f"input_shape must be positive sizes, got {input_shape!r}")
+        input_shape = [positive_int("input_shape entry", d) for d in input_shape]
+        hidden = [positive_int("hidden width", w, f" (hidden={list(hidden)!r})") for w in hidden]
         layers: list[nn.Module] = [nn.Flatten()]
         prev = math.prod(input_shape)
         for width in hidden:
@@ -187,4 +190,6 @@ def mnist1d_mlp(
         num_classes: number of outputs.
         hidden: widths of the hidden layers.
     """
+    if isinstance(hidden, (str, bytes)) or not isinstance(hidden, Iterable):
+        raise ValueError(f"hidden must be a list of layer widths (e.g. [256, 256]), got {hidden!r}")
     return MNIST1DMLP(num_classes=num_classes, hidden=tuple(hidden))
