@@ -112,6 +112,14 @@ class BenchOptions:
                 f"seeds: {', '.join(map(str, repeated))} given more than once "
                 f"({','.join(map(str, self.seeds))}); a seed is one run, give each once"
             )
+        # A value given twice would count each of its runs twice in a cell's mean ± std.
+        for name, values, what in (
+            ("sparsities", self.sparsities, "a sparsity is one column"),
+            ("thetas", self.thetas, "a θ is one set of runs"),
+            ("ps", self.ps, "a p is one set of runs"),
+            ("methods", self.methods, "a method is one set of runs"),
+        ):
+            _refuse_repeats(name, values, what)
         for s in self.sparsities or ():
             if not 0.0 < s < 1.0:
                 raise ValueError(f"sparsities must be in (0, 1), got {s}")
@@ -201,6 +209,22 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def _refuse_repeats(name: str, values: Sequence[Any] | None, what: str) -> None:
+    """Raise when ``values`` gives a value twice: its runs would count twice in each mean ± std."""
+    given = tuple(values or ())
+    repeated = dict.fromkeys(v for i, v in enumerate(given) if v in given[:i])
+    if repeated:
+        raise ValueError(
+            f"{name}: {', '.join(map(_text, repeated))} given more than once "
+            f"({','.join(map(_text, given))}); {what}, give each once"
+        )
+
+
+def _text(value: Any) -> str:
+    """A grid value as the command line gives it (``0.95``, ``0``, ``inf``, ``GMP``)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _check_folder(flag: str, folder: Path | None) -> None:
