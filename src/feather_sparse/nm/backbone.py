@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -121,13 +122,16 @@ class NMBackbone(Backbone):
     Args:
         pattern: ``"2:4"``, ``"1:4"``, ``"4:8"``, … or an
             :class:`~feather_sparse.nm.operator.NMPattern`.
-        decay: SR-STE's ``λ`` (0: off).
-        rescale: S-STE's fixed per-tensor ``β``.
-        freeze: fix the mask when the pattern is first reached.
+        decay: SR-STE's ``λ`` (0: off), a finite real number ``>= 0`` (NumPy's
+            numbers too; not a bool).
+        rescale: S-STE's fixed per-tensor ``β`` (``True`` or ``False``).
+        freeze: fix the mask when the pattern is first reached (``True`` or ``False``).
         conv_order: ``"flat"`` or ``"channels"`` (see above).
 
     Raises:
-        ValueError: for a bad pattern, ``decay < 0`` or an unknown ``conv_order``.
+        ValueError: for a bad pattern, a ``decay`` that is not a finite number
+            ``>= 0``, a ``rescale`` or ``freeze`` that is not a bool, or an unknown
+            ``conv_order``; naming the option and the value given.
     """
 
     name = "nm"
@@ -143,9 +147,20 @@ class NMBackbone(Backbone):
         conv_order: str = "flat",
     ) -> None:
         self.pattern = NMPattern.parse(pattern)
-        if not decay >= 0.0:
-            raise ValueError(f"decay must be >= 0 (SR-STE uses 2e-4), got {decay}")
-        if conv_order not in CONV_ORDERS:
+        # Checked, never coerced: bool("false") is True, float(True) is 1.0, and an
+        # infinite λ writes NaN into every weight at the first optimizer step.
+        if (
+            isinstance(decay, bool)
+            or not isinstance(decay, numbers.Real)
+            or not (math.isfinite(decay) and decay >= 0.0)
+        ):
+            raise ValueError(
+                f"decay must be >= 0, a finite number (0: off; SR-STE uses 2e-4), got {decay!r}"
+            )
+        for option, value in (("rescale", rescale), ("freeze", freeze)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{option} must be True or False, got {value!r}")
+        if not isinstance(conv_order, str) or conv_order not in CONV_ORDERS:
             raise ValueError(
                 f"conv_order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}"
             )
@@ -153,8 +168,8 @@ class NMBackbone(Backbone):
         #: Per layer: how its groups run through its weight (layer_order; set up with the layers).
         self._orders: list[str] = []
         self.decay = float(decay)
-        self.rescale = bool(rescale)
-        self.freeze = bool(freeze)
+        self.rescale = rescale
+        self.freeze = freeze
         # A frozen mask would be kept per local shard: FSDP2's forward sees the gathered
         # weights, and the Pruner's state holds no sharded masks (tensor parallelism).
         self.supports_sharding = not self.freeze
@@ -162,6 +177,8 @@ class NMBackbone(Backbone):
         self._masks: list[Tensor] | None = None
         self._fused: FusedNMForward | None = None
         self._at_start = True  # no training step yet: β and a frozen mask are still open
+        #: The ramp of the last :meth:`thresholds` (below 1: a sparsity below the pattern's).
+        self._ramp = 1.0
         #: Per layer, the stored weight (its id) and dtype that β and a frozen mask were
         #: taken from before the first step (None: nothing to take again; see :meth:`_retake`).
         self._taken: list[tuple[int, torch.dtype]] | None = None
@@ -221,6 +238,7 @@ class NMBackbone(Backbone):
         # One 0-d tensor per device (the Pruner copies each into its layer's buffer),
         # filled there: a copy from the host would wait for a GPU at every step.
         value = min(ramp, 1.0)
+        self._ramp = value  # what check_final tells apart: a finalize below the pattern
         on: dict[torch.device, Tensor] = {}
         for w in weights:
             if w.device not in on:
@@ -582,8 +600,9 @@ class NMBackbone(Backbone):
             RuntimeError: when ``weight`` holds NaN or inf (a NaN weight makes its
                 whole group NaN for a finite ``p``; the Pruner's ``check_finite``
                 stops such weights unless turned off), naming the layer.
-            ValueError: when the pattern is not fully applied (a ``finalize``
-                at a sparsity below the pattern's).
+            ValueError: when a group would keep more than ``n`` nonzeros: the
+                pattern is not fully applied (a ``finalize`` at a sparsity below
+                the pattern's), or a frozen mask keeps more than ``n`` of ``m``.
         """
         with torch.no_grad():
             grouped = self._grouped(index, weight.detach())
@@ -598,10 +617,24 @@ class NMBackbone(Backbone):
                     "repair or reload the weights (a checkpoint from before training diverged) "
                     "and call finalize() again"
                 )
-            raise ValueError(
-                f"layer {name!r} would keep {int(counts.max())} nonzeros in a "
-                f"group, more than the {self.pattern} pattern allows: finalize an N:M Pruner at "
-                "its pattern's sparsity (call finalize() without sparsity=)"
+            kept = f"layer {name!r} would keep {int(counts.max())} nonzeros in a group"
+            allows = f"more than the {self.pattern} pattern allows"
+            if self._ramp < 1.0:  # finalize(sparsity=...) below the pattern's
+                below = self._ramp * self.pattern.sparsity
+                raise ValueError(
+                    f"{kept} at sparsity {below:g}, {allows}: an N:M Pruner bakes its "
+                    f"pattern's sparsity {self.pattern.sparsity:g} and no other (call "
+                    "finalize() without sparsity=)"
+                )
+            if self._masks is not None:  # a loaded mask is checked: changed after loading
+                raise ValueError(
+                    f"{kept}, {allows}: its frozen one-shot mask keeps more than "
+                    f"{self.pattern.n} of every {self.pattern.m} weights, which no mask this "
+                    "Pruner takes or loads does; reload the Pruner's state from a checkpoint "
+                    "(load_state_dict refuses a damaged mask)"
+                )
+            raise ValueError(  # at the full pattern every group keeps n: not reachable
+                f"{kept} at the pattern's full sparsity, {allows}: please report this bug"
             )
 
     def state_dict(self) -> dict[str, Any]:
@@ -640,9 +673,10 @@ class NMBackbone(Backbone):
         Raises:
             ValueError: naming the layer, when a saved mask or β does not fit it
                 (a state saved from another model), or is not what :meth:`state_dict`
-                writes (a bool mask; a float β, finite and > 0; a bool ``"taken"``, and
-                with it β and the masks of the options that are on): the state is
-                damaged. Nothing is changed then.
+                writes (a bool mask, which once taken keeps exactly ``n`` of every
+                group of ``m`` in the layer's group order; a float β, finite and > 0;
+                a bool ``"taken"``, and with it β and the masks of the options that are
+                on): the state is damaged. Nothing is changed then.
         """
 
         def on(key: str, saved: Any) -> list[Tensor] | None:
@@ -692,6 +726,17 @@ class NMBackbone(Backbone):
                     raise damaged_state(
                         f"the N:M backbone's {key!r} is {state.get(key, 'missing')}, where "
                         "state_dict() writes one entry per layer"
+                    )
+        if taken and masks is not None:  # a taken mask keeps exactly n of every m: the forward's
+            for i, (mask, t) in enumerate(zip(masks, self.targets)):
+                counts = group_view(self._grouped(i, mask), self.pattern).sum(dim=1)
+                wrong = counts != self.pattern.n
+                if bool(wrong.any()):
+                    raise damaged_state(
+                        f"the N:M backbone's 'masks' entry of layer {t.name!r} keeps "
+                        f"{int(counts[wrong][0])} of {self.pattern.m} weights in a group, where "
+                        f"state_dict() writes a mask of the {self.pattern} pattern, exactly "
+                        f"{self.pattern.n} of every {self.pattern.m}"
                     )
         self._beta, self._masks = (beta, masks) if taken else (None, None)
         self._taken = None  # kept as loaded
@@ -882,7 +927,11 @@ def nm_settings(
         resolved = {"name": NMBackbone.name, "pattern": str(nm)}
     elif isinstance(backbone, Mapping) and _backbone_pattern(backbone) is not None:
         resolved = {**backbone, "name": NMBackbone.name, "pattern": str(nm)}
-        NMBackbone(**{k: v for k, v in resolved.items() if k != "name"})  # check the options
+        # check the options as every backbone's are checked: a misspelled or mistyped one
+        # is a ValueError listing the options (a lazy import: pruner_config imports this module)
+        from feather_sparse.pruner_config import _build
+
+        _build("backbone", NMBackbone, {k: v for k, v in resolved.items() if k != "name"})
     else:
         raise ValueError(
             f"pattern={str(nm)!r} brings its own per-group thresholds; backbone={backbone!r} "
