@@ -1287,8 +1287,9 @@ class Pruner:
                 parametrization; see ``docs/distributed.md`` for the recipe);
                 after baking, if fewer zeros than the target remain without a
                 ``max_layer_sparsity`` cap (an internal error, to report).
-            ValueError: for a ``sparsity`` outside [0, 1) (the model is left
-                as it was).
+            ValueError: for a ``sparsity`` outside [0, 1), or, for an N:M
+                pattern, other than the pattern's (the model and the Pruner are
+                left as they were).
         """
         self._check_attached("finalize()")
         distributed.check_unsharded(self.model, self.weights(), "finalize")
@@ -1299,6 +1300,18 @@ class Pruner:
                 self.update(target)
                 for i, t in enumerate(self.targets):
                     self.backbone.check_final(i, self._parametrization(t)(t.weight))
+                if isinstance(self.backbone, NMBackbone):
+                    # below the pattern's sparsity check_final finds groups keeping more
+                    # than n, unless a frozen one-shot mask (or the weights) hold every
+                    # group to n: then the pattern would be baked, not the sparsity asked
+                    # for (above the pattern's, thresholds() refused already)
+                    pattern = self.backbone.pattern
+                    if not math.isclose(target, pattern.sparsity, abs_tol=1e-9):
+                        raise ValueError(
+                            f"finalize(sparsity={target:g}) is refused: an N:M Pruner bakes "
+                            f"its {pattern} pattern's sparsity {pattern.sparsity:g} and no "
+                            "other (call finalize() without sparsity=); nothing was baked"
+                        )
             except Exception:
                 self.load_state_dict(before)  # refused: the Pruner goes on as it was
                 raise
