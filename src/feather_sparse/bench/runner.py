@@ -313,7 +313,9 @@ def load_outcome(run_dir: Path) -> RunOutcome | None:
     """The stored outcome of a run folder; None if it has none (or an unreadable one).
 
     A ``result.json`` whose checksum does not match counts as unreadable: the
-    run is repeated. One written before checksums is read as it is.
+    run is repeated. One written before checksums is read as it is. So does
+    one that records another run's key than the folder's name (a folder
+    renamed or swapped by hand): it is never taken for the folder's run.
 
     Args:
         run_dir: the run's folder.
@@ -322,10 +324,20 @@ def load_outcome(run_dir: Path) -> RunOutcome | None:
     if not file.is_file():
         return None
     try:
-        return RunOutcome.from_json(read_sealed_json(file))
+        outcome = RunOutcome.from_json(read_sealed_json(file))
     except (ValueError, TypeError, KeyError) as err:
         logger.warning("ignoring unreadable %s (%s): the run is repeated", file, err)
         return None
+    if outcome.key != run_dir.name:
+        logger.warning(
+            "ignoring %s: it is the result of run %s, not of %s (the folder's name; "
+            "renamed or copied by hand?): the run is repeated",
+            file,
+            outcome.key,
+            run_dir.name,
+        )
+        return None
+    return outcome
 
 
 # ===================================================================== one run
