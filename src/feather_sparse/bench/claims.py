@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from feather_sparse.bench.runner import RunOutcome, load_outcome
 from feather_sparse.bench.stats import CONFIDENCE, PairedDifference, paired_difference
+from feather_sparse.integrity import write_atomic
 
 __all__ = ["ClaimResult", "Comparison", "assess_claims", "claims_page", "write_claims"]
 
@@ -83,18 +86,70 @@ def _verdict(comparisons: Sequence[Comparison]) -> str:
     return "not separable"
 
 
+def _page_rows(file: Path, name: str, fields: Sequence[str]) -> list[dict[str, Any]]:
+    """The rows of a page's ``OUT/<name>.json``, each with ``fields``.
+
+    Raises:
+        ValueError: naming ``file``, for a file that is not such rows (cut
+            short, or edited by hand), and saying how to write it again.
+    """
+    try:
+        rows = json.loads(file.read_text(encoding="utf-8"))
+    except ValueError as err:  # not JSON (a write cut short), or not text
+        raise _damaged(file, name, f"it is not readable JSON ({err})") from None
+    if not isinstance(rows, list):
+        raise _damaged(file, name, "it holds no list of runs")
+    for i, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise _damaged(file, name, f"its run {i} is not a JSON object")
+        missing = [k for k in fields if k not in row]
+        if missing:
+            raise _damaged(file, name, f"its run {i} has no {', '.join(map(repr, missing))}")
+    return rows
+
+
+def _damaged(file: Path, name: str, what: str) -> ValueError:
+    """The error for a page's ``file`` that cannot be read: what is wrong, and the fix."""
+    page = file.with_suffix(".md")
+    try:
+        found = re.search(r"^- command: `(.+)`$", page.read_text(encoding="utf-8"), re.MULTILINE)
+    except (OSError, ValueError):  # no page beside it, or not text
+        found = None
+    command = (
+        f"`{found.group(1)}` (the command on {page.name})"
+        if found
+        else f"`feather-sparse bench {name}` with the flags that made it"
+    )
+    return ValueError(
+        f"{file} is damaged: {what}; run {command} again to write it again from the stored runs"
+    )
+
+
 def _accuracy_cells(out: Path, name: str) -> Cells | None:
-    """Top-1 accuracy (%) per (row, sparsity) and seed from ``OUT/<name>.json``; None if absent."""
+    """Top-1 accuracy (%) per (row, sparsity) and seed from ``OUT/<name>.json``; None if absent.
+
+    Raises:
+        ValueError: for a damaged file (see :func:`_page_rows`).
+    """
     file = out / f"{name}.json"
     if not file.is_file():
         return None
     cells: Cells = {}
-    for row in json.loads(file.read_text()):
-        acc = row.get("test_accuracy")
-        if not row.get("ok") or acc is None or not math.isfinite(float(acc)):
-            continue
-        cells.setdefault((row["group"], float(row["x"])), {})[int(row["seed"])] = 100 * float(acc)
+    for i, row in enumerate(_page_rows(file, name, ("group", "x", "seed")), 1):
+        try:
+            _add_accuracy(cells, row)
+        except (TypeError, ValueError) as err:
+            what = f"its run {i} has a value that is not a number ({err})"
+            raise _damaged(file, name, what) from None
     return cells
+
+
+def _add_accuracy(cells: Cells, row: dict[str, Any]) -> None:
+    """Add a page row's top-1 accuracy (%) to ``cells`` (not for a failed run or no metric)."""
+    acc = row.get("test_accuracy")
+    if not row.get("ok") or acc is None or not math.isfinite(float(acc)):
+        return
+    cells.setdefault((row["group"], float(row["x"])), {})[int(row["seed"])] = 100 * float(acc)
 
 
 def _compare_rows(
@@ -116,13 +171,17 @@ def _stability_cells(out: Path, runs_dir: Path, fraction: float = 0.5) -> Cells 
     if not file.is_file():
         return None
     cells: Cells = {}
-    for row in json.loads(file.read_text()):
-        outcome = load_outcome(runs_dir / row["key"]) if row.get("ok") else None
-        if outcome is None or not outcome.stability_epochs:
-            continue
-        r = _r_at(outcome, fraction)
-        if math.isfinite(r):
-            cells.setdefault((row["group"], float(row["x"])), {})[int(row["seed"])] = r
+    for i, row in enumerate(_page_rows(file, "stability", ("group", "x", "seed", "key")), 1):
+        try:
+            outcome = load_outcome(runs_dir / str(row["key"])) if row.get("ok") else None
+            if outcome is None or not outcome.stability_epochs:
+                continue
+            r = _r_at(outcome, fraction)
+            if math.isfinite(r):
+                cells.setdefault((row["group"], float(row["x"])), {})[int(row["seed"])] = r
+        except (TypeError, ValueError) as err:
+            what = f"its run {i} has a value that is not a number ({err})"
+            raise _damaged(file, "stability", what) from None
     return cells or None
 
 
@@ -316,5 +375,5 @@ def write_claims(out: Path, runs_dir: Path | None = None, command: str | None = 
         if runs_dir is not None:
             command += f" --runs-dir {runs_dir}"
     page = out / "claims.md"
-    page.write_text(claims_page(results, out, command))
+    write_atomic(page, claims_page(results, out, command).encode())
     return page

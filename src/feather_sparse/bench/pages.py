@@ -36,6 +36,7 @@ from feather_sparse.bench.options import (
 from feather_sparse.bench.runner import RunOutcome, RunSpec, jsonable
 from feather_sparse.bench.stats import CONFIDENCE, paired_difference
 from feather_sparse.bench.suites import SUITES
+from feather_sparse.integrity import write_atomic
 from feather_sparse.provenance import cpu_model
 
 __all__ = [
@@ -588,7 +589,8 @@ def write_page(ctx: Context, title: str, body: str) -> Path:
     """
     ctx.out.mkdir(parents=True, exist_ok=True)
     page = ctx.out / f"{ctx.name}.md"
-    page.write_text(f"# {title}\n\n{body.rstrip()}\n{_footer(ctx)}")
+    # Each file is whole, old or new (a sweep killed while writing leaves no half page).
+    write_atomic(page, f"# {title}\n\n{body.rstrip()}\n{_footer(ctx)}".encode())
     raw = [
         {
             "group": s.group,
@@ -607,5 +609,5 @@ def write_page(ctx: Context, title: str, body: str) -> Path:
         }
         for s, o in ctx.pairs
     ]
-    (ctx.out / f"{ctx.name}.json").write_text(json.dumps(raw, indent=1) + "\n")
+    write_atomic(ctx.out / f"{ctx.name}.json", (json.dumps(raw, indent=1) + "\n").encode())
     return page
