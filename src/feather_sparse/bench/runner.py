@@ -20,6 +20,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -350,6 +351,8 @@ def _execute(config: dict[str, Any], run_dir: str, reuse: bool = True) -> dict[s
     result that another process stored while this one waited is taken as it is.
     """
     path = Path(run_dir)
+    if _STARTED is not None:  # in a pool: tell the parent, which names it if this process dies
+        _STARTED.put(path.name)
     # Another sweep sharing this runs folder may be training the same run now:
     # wait for it and take its result, rather than clear its folder under it.
     with run_lock.hold(path.parent / f".{path.name}.lock", what=f"run {path}", wait=True):
@@ -370,6 +373,16 @@ def _execute(config: dict[str, Any], run_dir: str, reuse: bool = True) -> dict[s
 
 #: Key of an :func:`_execute` result that another process trained (not stored in files).
 REUSED = "reused_meanwhile"
+
+#: In a pool's worker process, the queue on which :func:`_execute` puts the key of
+#: each run it starts (see :func:`_pool_worker`); None elsewhere.
+_STARTED: Any = None
+
+
+def _pool_worker(started: Any) -> None:
+    """Initialize a pool's worker process: :func:`_execute` reports its runs on ``started``."""
+    global _STARTED
+    _STARTED = started
 
 
 def _clear_unfinished(path: Path) -> None:
@@ -713,13 +726,37 @@ def execute_runs(
                 finished(_execute(cfg, str(root / key), reuse))
         elif total:
             context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
-            with futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                pending = [
-                    pool.submit(_execute, cfg, str(root / k), reuse) for k, cfg in todo.items()
-                ]
+            started_runs = context.SimpleQueue()  # keys of the runs the workers started
+            begun: list[str] = []
+
+            def read_started() -> None:  # often, so that the queue's pipe never fills
+                while not started_runs.empty():
+                    begun.append(started_runs.get())
+
+            with futures.ProcessPoolExecutor(
+                max_workers=workers,
+                mp_context=context,
+                initializer=_pool_worker,
+                initargs=(started_runs,),
+            ) as pool:
+                pending = {
+                    pool.submit(_execute, cfg, str(root / k), reuse): k for k, cfg in todo.items()
+                }
                 try:
                     for fut in futures.as_completed(pending):
+                        read_started()
                         finished(fut.result())
+                except BrokenProcessPool as err:
+                    # A worker was killed (the out-of-memory killer, kill -9): the pool
+                    # stops every run; say which, and how to go on.
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    read_started()
+                    ended = {pending[f] for f in pending if _succeeded(f)}
+                    for fut in pending:  # finished just before, not yet counted
+                        if pending[fut] in ended and pending[fut] not in outcomes:
+                            finished(fut.result())
+                    lost = [todo[k] for k in dict.fromkeys(begun) if k not in ended]
+                    raise BrokenProcessPool(_died_message(lost, root)) from err
                 except BaseException:
                     # Ctrl-C: start no queued run (leaving the pool would wait for them);
                     # the finished ones are stored, and the next call continues from there.
@@ -734,3 +771,19 @@ def execute_runs(
         raise
     elapsed = time.perf_counter() - started
     return [(s, outcomes[k]) for s, k in zip(specs, keys)], trained, elapsed
+
+
+def _succeeded(fut: futures.Future[Any]) -> bool:
+    """Whether ``fut`` finished with a result (not cancelled, no exception)."""
+    return fut.done() and not fut.cancelled() and fut.exception() is None
+
+
+def _died_message(lost: Sequence[Mapping[str, Any]], root: Path) -> str:
+    """What to say when a worker process of the pool died while training the runs ``lost``."""
+    what = f" while training {', '.join(map(run_name, lost))}" if lost else ""
+    return (
+        f"a training process was killed{what} (by the out-of-memory killer when memory "
+        f"runs out, or by a signal), and the pool stopped; the runs that finished are "
+        f"stored in {root}: run the same command again to continue (with fewer --jobs "
+        "if memory ran out)"
+    )
