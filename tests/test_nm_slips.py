@@ -73,9 +73,7 @@ BAD_OPTIONS = [
     "`ValueError` naming the option, the value and what it takes; the model is left dense",
 )
 @pytest.mark.parametrize(("options", "message"), BAD_OPTIONS)
-def test_nm_backbone_options_are_checked_not_coerced(
-    options: dict[str, Any], message: str
-) -> None:
+def test_nm_backbone_options_are_checked_not_coerced(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         NMBackbone("2:4", **options)
     with pytest.raises(ValueError, match=message):

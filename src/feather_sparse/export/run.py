@@ -215,18 +215,17 @@ def _from_training_checkpoint(
             baked, achieved = "requested", pruner.finalize(sparsity)
             pattern = pruner.backbone.pattern if isinstance(pruner.backbone, NMBackbone) else None
             if pattern is not None:
-                # The pattern fixes the sparsity (checked above): ``sparsity`` is the run's
-                # target; only an unfinished run was not trained to its end (it may not
-                # even have reached the pattern yet).
-                if not finished:
-                    warning = (
-                        f"exported at the {pattern} pattern's sparsity {target:g}, but the run "
-                        f"has not finished ({trained}); check the accuracy before using it"
-                    )
-            elif not finished or sparsity != target:
+                # The pattern fixes the sparsity (checked above, within its tolerance): it is
+                # the run's target, so only an unfinished run was not trained for it.
+                sparsity = target
+            if not finished or sparsity != target:
                 warning = (
                     f"exported at sparsity {sparsity:g}, but the weights were not trained for it "
                     f"(target {target:g}; {trained}); check the accuracy before using it"
+                    if pattern is None
+                    # (an unfinished N:M run may not even have reached its pattern yet)
+                    else f"exported at the {pattern} pattern's sparsity {target:g}, but the run "
+                    f"has not finished ({trained}); check the accuracy before using it"
                 )
         elif finished:
             # finalize() recomputes T at the target and writes P_T(w): what model.fsp holds.

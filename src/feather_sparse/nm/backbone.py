@@ -164,21 +164,21 @@ class NMBackbone(Backbone):
             raise ValueError(
                 f"conv_order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}"
             )
-        self.conv_order = conv_order
+        self.conv_order: str = conv_order
         #: Per layer: how its groups run through its weight (layer_order; set up with the layers).
         self._orders: list[str] = []
-        self.decay = float(decay)
-        self.rescale = rescale
-        self.freeze = freeze
+        self.decay: float = float(decay)
+        self.rescale: bool = rescale
+        self.freeze: bool = freeze
         # A frozen mask would be kept per local shard: FSDP2's forward sees the gathered
         # weights, and the Pruner's state holds no sharded masks (tensor parallelism).
         self.supports_sharding = not self.freeze
         self._beta: list[Tensor] | None = None
         self._masks: list[Tensor] | None = None
         self._fused: FusedNMForward | None = None
-        self._at_start = True  # no training step yet: β and a frozen mask are still open
+        self._at_start: bool = True  # no training step yet: β and a frozen mask are still open
         #: The ramp of the last :meth:`thresholds` (below 1: a sparsity below the pattern's).
-        self._ramp = 1.0
+        self._ramp: float = 1.0
         #: Per layer, the stored weight (its id) and dtype that β and a frozen mask were
         #: taken from before the first step (None: nothing to take again; see :meth:`_retake`).
         self._taken: list[tuple[int, torch.dtype]] | None = None
