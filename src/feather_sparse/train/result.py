@@ -152,8 +152,11 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class ProcessLost(RuntimeError):
-    """Another process of a multi-process run stopped (killed, out of memory, its node
-    lost): where this one was, and the command that continues the run.
+    """Another process of a multi-process run stopped: where this one was, and what next.
+
+    The other process was killed (out of memory, say) or its node was lost;
+    the message ends with the command that continues the run from its last
+    checkpoint.
 
     Attributes:
         run_dir: the run folder.
