@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -189,3 +190,25 @@ def test_a_lost_process_is_told_with_the_command_that_continues_the_run(tmp_path
         "This is typically caused by a remote worker crashing. GLHF!"
     )
     assert _backend_words(gloo) == "Connection closed by peer [127.0.0.1]:13196"
+
+
+@guard(
+    "an error in the middle of training (an unreadable image, a callback that raises)",
+    "the error, after a log line naming the checkpoint's epoch and the `--resume` command",
+)
+def test_an_error_mid_training_says_the_checkpoint_is_kept_and_how_to_continue(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def failing(epoch: int, *_: Any) -> None:
+        if epoch == 2:
+            raise OSError("cannot read image train/x.JPEG: truncated; remove or replace it")
+
+    run = tmp_path / "run"
+    with pytest.raises(OSError, match="truncated"):
+        train(tiny_config(SMALL, epochs=3), run, callbacks=[failing], progress=False)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert said == [
+        "training stopped by the error below; the last checkpoint holds epoch 1/3: once its "
+        f"cause is fixed, continue with: feather-sparse train --resume {run}"
+    ]
+    assert train(tiny_config(SMALL, epochs=3), run, resume=True, progress=False).completed

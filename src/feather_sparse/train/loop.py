@@ -408,6 +408,7 @@ def _train(
             ctx.local_world_size,
         ) from None
     except Exception as err:
+        saved = _saved_epoch(s, run_dir)
         if ctx.world_size > 1 and _lost_contact(err):
             raise ProcessLost(
                 _backend_words(first_line(err)),
@@ -415,10 +416,19 @@ def _train(
                 s.epoch,
                 s.step,
                 config.epochs,
-                _saved_epoch(s, run_dir),
+                saved,
                 ctx.world_size,
                 ctx.local_world_size,
             ) from err
+        if saved is not None and ctx.is_main and not isinstance(err, DiskFullError):
+            # the work so far is kept: say how to go on (a full disk says so itself)
+            logger.error(
+                "training stopped by the error below; the last checkpoint holds epoch %d/%d: "
+                "once its cause is fixed, continue with: %s",
+                saved,
+                config.epochs,
+                resume_command(run_dir, ctx.world_size, ctx.local_world_size),
+            )
         raise
     finally:
         if writer is not None:
