@@ -1300,18 +1300,6 @@ class Pruner:
                 self.update(target)
                 for i, t in enumerate(self.targets):
                     self.backbone.check_final(i, self._parametrization(t)(t.weight))
-                if isinstance(self.backbone, NMBackbone):
-                    # below the pattern's sparsity check_final finds groups keeping more
-                    # than n, unless a frozen one-shot mask (or the weights) hold every
-                    # group to n: then the pattern would be baked, not the sparsity asked
-                    # for (above the pattern's, thresholds() refused already)
-                    pattern = self.backbone.pattern
-                    if not math.isclose(target, pattern.sparsity, abs_tol=1e-9):
-                        raise ValueError(
-                            f"finalize(sparsity={target:g}) is refused: an N:M Pruner bakes "
-                            f"its {pattern} pattern's sparsity {pattern.sparsity:g} and no "
-                            "other (call finalize() without sparsity=); nothing was baked"
-                        )
             except Exception:
                 self.load_state_dict(before)  # refused: the Pruner goes on as it was
                 raise

@@ -600,9 +600,10 @@ class NMBackbone(Backbone):
             RuntimeError: when ``weight`` holds NaN or inf (a NaN weight makes its
                 whole group NaN for a finite ``p``; the Pruner's ``check_finite``
                 stops such weights unless turned off), naming the layer.
-            ValueError: when a group would keep more than ``n`` nonzeros: the
-                pattern is not fully applied (a ``finalize`` at a sparsity below
-                the pattern's), or a frozen mask keeps more than ``n`` of ``m``.
+            ValueError: when the pattern is not fully applied (a ``finalize`` at a
+                sparsity below the pattern's, refused also where a frozen one-shot
+                mask holds every group to ``n``), or a group would keep more than
+                ``n`` nonzeros (a frozen mask that keeps more than ``n`` of ``m``).
         """
         with torch.no_grad():
             grouped = self._grouped(index, weight.detach())
@@ -635,6 +636,15 @@ class NMBackbone(Backbone):
                 )
             raise ValueError(  # at the full pattern every group keeps n: not reachable
                 f"{kept} at the pattern's full sparsity, {allows}: please report this bug"
+            )
+        if self._ramp < 1.0:  # held to n by a frozen mask (or by the weights): the pattern
+            # would be baked, not the sparsity asked for (above the pattern's,
+            # thresholds() refused already)
+            raise ValueError(
+                f"finalize(sparsity={self._ramp * self.pattern.sparsity:g}) is refused: an N:M "
+                f"Pruner bakes its {self.pattern} pattern's sparsity "
+                f"{self.pattern.sparsity:g} and no other (call finalize() without sparsity=); "
+                "nothing was baked"
             )
 
     def state_dict(self) -> dict[str, Any]:
