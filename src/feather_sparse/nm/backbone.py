@@ -637,9 +637,9 @@ class NMBackbone(Backbone):
             raise ValueError(  # at the full pattern every group keeps n: not reachable
                 f"{kept} at the pattern's full sparsity, {allows}: please report this bug"
             )
-        if self._ramp < 1.0:  # held to n by a frozen mask (or by the weights): the pattern
-            # would be baked, not the sparsity asked for (above the pattern's,
-            # thresholds() refused already)
+        if self._ramp < 1.0 - 1e-9:  # held to n by a frozen mask (or by the weights): the
+            # pattern would be baked, not the sparsity asked for (above the pattern's,
+            # thresholds() refused already; within 1e-9 of it: the pattern's, rounded)
             raise ValueError(
                 f"finalize(sparsity={self._ramp * self.pattern.sparsity:g}) is refused: an N:M "
                 f"Pruner bakes its {self.pattern} pattern's sparsity "
