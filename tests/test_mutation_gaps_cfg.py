@@ -72,7 +72,8 @@ RULE_EDGES = [
     (check_theta, True, {}, False),
     (check_theta, "auto", {}, False),
     (check_theta, "auto", {"allow_auto": True}, True),
-    (check_theta, "Auto", {"allow_auto": True}, False),
+    (check_theta, " Auto", {"allow_auto": True}, True),  # read as --method and --pattern are
+    (check_theta, "automatic", {"allow_auto": True}, False),
     (check_threshold, 0.0, {}, True),
     (check_threshold, 1e300, {}, True),
     (check_threshold, -1e-300, {}, False),
