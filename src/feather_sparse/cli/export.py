@@ -22,6 +22,8 @@ from feather_sparse.export.header import (
     smaller_or_larger,
 )
 from feather_sparse.export.onnx import (
+    _NoKernel,
+    _NoOnnxRuntime,
     _verify_onnx,
     check_example_input,
     export_onnx,
@@ -269,8 +271,16 @@ def run(command: str, args: argparse.Namespace) -> int:
         message = f"wrote {args.onnx} (opset {opset})"
         try:
             diff, reference = _verify_onnx(model, args.onnx, example)
-        except ValueError as err:  # onnxruntime missing: the export itself succeeded
+        except (_NoOnnxRuntime, _NoKernel) as err:  # a valid file (onnx.checker passed it)
             message += f"; not verified: {err}"
+        except ValueError as err:  # onnxruntime cannot load or run a file onnx.checker passed
+            print(message)
+            print(
+                f"feather-sparse export: error: {err}; the file is left for inspection, "
+                "do not deploy it",
+                file=sys.stderr,
+            )
+            return 1
         else:
             tolerance = _onnx_tolerance(reference)
             if not diff <= tolerance:  # NaN too

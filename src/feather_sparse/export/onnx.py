@@ -321,7 +321,9 @@ def export_onnx(
     The model is exported first (in memory, or to a temporary file beside
     ``path`` for the legacy exporter) and ``path`` then written atomically (a
     temporary file renamed over it), so a failure, a full disk or a kill
-    leaves an existing file at ``path`` as it was. A model with more
+    leaves an existing file at ``path`` as it was. The exported model is
+    checked with ``onnx.checker`` (its full check) before ``path`` is written,
+    and refused when invalid. A model with more
     than 1.5 GiB of weights is written as torch writes it, in two files:
     ``path`` and its weights in ``<path>.data``, each atomically, the weights
     first (that needs ``onnxscript``: the legacy exporter cannot write it).
@@ -343,8 +345,11 @@ def export_onnx(
             the exporter writes, the model does not run on ``example_input``,
             it is too large for the legacy exporter (over 2 GiB of weights),
             ``path`` is named as a sparse checkpoint (``*.fsp``,
-            ``*.safetensors``), or a Pruner is attached to a layer that also
-            carries another parametrization (call ``pruner.finalize()`` first).
+            ``*.safetensors``), a Pruner is attached to a layer that also
+            carries another parametrization (call ``pruner.finalize()`` first),
+            or the exported model is not valid ONNX (``onnx.checker``'s full
+            check rejects it, as it does torch's export of a bfloat16 model
+            with BatchNorm): nothing is written then.
         OSError: if ``path`` is a folder, holds a file that is not an ONNX
             model (``FileExistsError``: a ``.fsp``, a training checkpoint, a
             text file, a file of unknown kind; an empty file is replaced), or
@@ -420,11 +425,50 @@ def export_onnx(
         raise ValueError(f"asked for opset {opset}, but the {exporter} exporter wrote {written}")
     if large:
         _save_with_external_data(program, target)
+        _check_valid(onnx, target, target, model, exporter, written=True)
     else:
         assert data is not None
+        _check_valid(onnx, proto, target, model, exporter, written=False)
         _write(target, data)
     logger.info("wrote %s (opset %d, %s exporter)", target, written, exporter)
     return written
+
+
+def _check_valid(
+    onnx: Any, proto: Any, target: Path, model: nn.Module, exporter: str, *, written: bool
+) -> None:
+    """Raise unless ``onnx.checker`` (full check, shape inference too) accepts the exported model.
+
+    torch's exporters can write a model that is not valid ONNX (a bfloat16
+    model with BatchNorm gets a float32 Gemm weight, which no runtime loads).
+    ``proto`` is the model in memory, checked before ``target`` is written;
+    or, for a model written with its weights beside it (``written``), the
+    path of the file, which is then removed with its ``.data``: a broken file
+    is never left where a good one is expected.
+
+    Raises:
+        ValueError: naming the checker's first complaint, and saying what
+            became of ``target``.
+    """
+    try:
+        onnx.checker.check_model(proto if not written else str(proto), full_check=True)
+    except Exception as err:  # onnx's checker and shape-inference errors derive from Exception
+        if written:
+            target.unlink(missing_ok=True)
+            target.with_name(f"{target.name}.data").unlink(missing_ok=True)
+            fate = f"{target} and its .data were removed"
+        else:
+            fate = f"nothing was written to {target}"
+        hint = ""
+        if any(t.dtype == torch.bfloat16 for t in [*model.parameters(), *model.buffers()]):
+            hint = (
+                "; torch's exporter does not write bfloat16 models reliably: export a float32 "
+                "copy, export_onnx(copy.deepcopy(model).float(), path, example_input.float())"
+            )
+        raise ValueError(
+            f"the {exporter} exporter wrote an ONNX model that onnx.checker rejects "
+            f"({first_line(err)[:300]}); {fate}{hint}"
+        ) from err
 
 
 def _legacy_export(model: nn.Module, example_input: Tensor, opset: int, target: Path) -> bytes:
@@ -462,6 +506,18 @@ def _initializer_bytes(program: Any) -> int:
     )
 
 
+class _NoOnnxRuntime(ValueError):
+    """:func:`verify_onnx` could not check the file: ``onnxruntime`` is not installed."""
+
+
+class _NoKernel(ValueError):
+    """``onnxruntime`` has no kernel for an operator of the file (a float64 convolution on CPU).
+
+    The file itself is valid ONNX (:func:`export_onnx` checks it with
+    ``onnx.checker``); this onnxruntime build cannot run it, so it is not verified.
+    """
+
+
 def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) -> float:
     """Run the ONNX file in ``onnxruntime`` and compare with the PyTorch model.
 
@@ -475,8 +531,9 @@ def verify_onnx(model: nn.Module, path: str | os.PathLike[str], inputs: Tensor) 
         The largest absolute difference between the two outputs.
 
     Raises:
-        ValueError: if ``onnxruntime`` is not installed, or cannot run the
-            file (it has no CPU kernel for some operator in float64, say).
+        ValueError: if ``onnxruntime`` is not installed, has no CPU kernel
+            for some operator of the file (a float64 convolution, say), or
+            cannot run it otherwise.
     """
     return _verify_onnx(model, path, inputs)[0]
 
@@ -488,7 +545,7 @@ def _verify_onnx(
     try:
         ort = importlib.import_module("onnxruntime")
     except ImportError:
-        raise ValueError(
+        raise _NoOnnxRuntime(
             "verifying ONNX needs onnxruntime: pip install 'feather-sparse[onnx]'"
         ) from None
     try:
@@ -496,11 +553,16 @@ def _verify_onnx(
         feed = {session.get_inputs()[0].name: inputs.detach().cpu().numpy()}
         onnx_out = torch.from_numpy(session.run(None, feed)[0])
     except Exception as err:  # onnxruntime's errors derive from Exception alone
-        raise ValueError(f"onnxruntime cannot run {path} ({first_line(err)[:300]})") from err
+        message = f"onnxruntime cannot run {path} ({first_line(err)[:300]})"
+        if type(err).__name__ == "NotImplemented" or "NOT_IMPLEMENTED" in str(err):
+            raise _NoKernel(message) from err
+        raise ValueError(message) from err
     with evaluating(model), torch.inference_mode():
         torch_out = model(inputs).detach().cpu()
     if onnx_out.shape != torch_out.shape:
         raise ValueError(f"ONNX output shape {tuple(onnx_out.shape)} != {tuple(torch_out.shape)}")
     if not onnx_out.numel():
         return 0.0, torch_out
-    return float((onnx_out.float() - torch_out.float()).abs().max()), torch_out
+    # in the outputs' own precision: float64 differences of 1e-11 vanish in float32
+    common = torch.float64 if torch.float64 in (onnx_out.dtype, torch_out.dtype) else torch.float32
+    return float((onnx_out.to(common) - torch_out.to(common)).abs().max()), torch_out
