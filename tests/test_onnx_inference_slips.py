@@ -16,8 +16,15 @@ import torch
 from torch import nn
 
 from _guards import guard
-from feather_sparse import cli, export
-from feather_sparse.export import export_onnx, save_sparse, verify_onnx
+from feather_sparse import Pruner, cli, export
+from feather_sparse.export import (
+    SparseLinear,
+    SparsePointwiseConv,
+    export_onnx,
+    save_sparse,
+    to_sparse_inference,
+    verify_onnx,
+)
 from feather_sparse.models import create_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -159,3 +166,133 @@ def test_verify_onnx_measures_a_float64_difference_in_float64(tmp_path: Path) ->
     with torch.no_grad():
         other[3].bias.add_(1e-11)  # every output off by 1e-11: vanishes in float32
     assert verify_onnx(other, path, x) == pytest.approx(1e-11, rel=1e-2)
+
+
+# ---------------------------------------------------------------------------
+# 3. a layer with exactly min_sparsity zeros converts
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("numel_out", "zeros", "min_sparsity"), [(100, 93_000, 0.93), (10, 7, 0.7)]
+)
+def test_a_layer_at_exactly_min_sparsity_converts(
+    numel_out: int, zeros: int, min_sparsity: float
+) -> None:
+    """1 - 7000/100000 is 0.9299999999999999 in floats: the zeros must be counted."""
+    linear = nn.Linear(1000 if numel_out == 100 else 1, numel_out)
+    with torch.no_grad():
+        linear.weight.fill_(1.0)
+        linear.weight.view(-1)[:zeros] = 0.0
+    model = nn.Sequential(linear)
+    converted = to_sparse_inference(model, min_sparsity=min_sparsity, min_weights=0)
+    assert isinstance(converted[0], SparseLinear)
+    with torch.no_grad():  # one zero fewer: below the threshold, stays dense
+        linear.weight.view(-1)[0] = 1.0
+    assert isinstance(
+        to_sparse_inference(model, min_sparsity=min_sparsity, min_weights=0)[0], nn.Linear
+    )
+
+
+# ---------------------------------------------------------------------------
+# 4. a converted model's state_dict loads into another converted model
+# ---------------------------------------------------------------------------
+
+
+def converted_mlp(seed: int) -> nn.Module:
+    """``mnist1d_mlp`` pruned at 90 % (its own non-zeros per seed), BatchNorm moved, converted."""
+    torch.manual_seed(seed)
+    model = create_model("mnist1d_mlp", hidden=[64, 32])
+    Pruner(model, sparsity=0.9, total_steps=1, max_layer_sparsity=0.95).finalize()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm1d):
+                module.running_mean.normal_()
+                module.bias.normal_()
+    return to_sparse_inference(model.eval(), min_weights=0, min_sparsity=0.5)
+
+
+def test_a_converted_state_dict_with_other_non_zeros_loads(tmp_path: Path) -> None:
+    a, b = converted_mlp(0), converted_mlp(1)
+    nnz = [m.nnz for m in a.modules() if isinstance(m, SparseLinear)]
+    assert nnz != [m.nnz for m in b.modules() if isinstance(m, SparseLinear)]
+    path = tmp_path / "sparse_state.pt"
+    torch.save(a.state_dict(), path)
+    b.load_state_dict(torch.load(path))
+    x = torch.randn(5, 1, 40)
+    with torch.no_grad():
+        assert torch.equal(b(x), a(x))
+    assert [m.nnz for m in b.modules() if isinstance(m, SparseLinear)] == nnz
+    assert {
+        m.weight_csr.crow_indices().dtype for m in b.modules() if isinstance(m, SparseLinear)
+    } == {torch.int32}
+
+
+def test_a_sparse_pointwise_conv_loads_other_non_zeros() -> None:
+    def conv(seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        layer = nn.Conv2d(8, 4, 1)
+        with torch.no_grad():
+            layer.weight[layer.weight.abs() < 0.3 + 0.05 * seed] = 0
+        return to_sparse_inference(nn.Sequential(layer), min_sparsity=0.1, min_weights=0)
+
+    a, b = conv(0), conv(1)
+    assert isinstance(a[0], SparsePointwiseConv) and a[0].nnz != b[0].nnz
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 8, 3, 3)
+    with torch.no_grad():
+        assert torch.equal(b(x), a(x))
+
+
+@guard(
+    "`load_state_dict` into a converted model of a sparse weight of another shape",
+    "`RuntimeError` naming the weight and both shapes; nothing of the model is loaded",
+)
+def test_a_refused_sparse_weight_leaves_the_model_unchanged() -> None:
+    a, b = converted_mlp(0), converted_mlp(1)
+    state = a.state_dict()
+    state["fc.weight_csr"] = torch.ones(10, 16).to_sparse_csr()  # the last layer: loaded last
+    x = torch.randn(5, 1, 40)
+    with torch.no_grad():
+        before = b(x)
+    with pytest.raises(RuntimeError, match=r"fc\.weight_csr has shape \(10, 16\), the layer "):
+        b.load_state_dict(state)
+    with torch.no_grad():
+        assert torch.equal(b(x), before)
+    # a sparse layer loaded on its own refuses it too, through torch's error list
+    fc = b.fc
+    with pytest.raises(RuntimeError, match=r"weight_csr has shape \(10, 16\)"):
+        fc.load_state_dict({"weight_csr": state["fc.weight_csr"], "bias_column": fc.bias_column})
+
+
+# ---------------------------------------------------------------------------
+# 5. a converted model deep-copies
+# ---------------------------------------------------------------------------
+
+
+def test_a_converted_model_deep_copies_and_converts_again() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(400, 200),
+        nn.ReLU(),
+        nn.Linear(200, 10),
+        nn.Unflatten(1, (10, 1, 1)),
+        nn.Conv2d(10, 6, 1),
+    )
+    Pruner(model, sparsity=0.95, total_steps=1).finalize()
+    converted = to_sparse_inference(model.eval(), min_weights=1000)
+    assert isinstance(converted[0], SparseLinear) and isinstance(converted[2], nn.Linear)
+    twin = copy.deepcopy(converted)
+    x = torch.randn(3, 400)
+    with torch.no_grad():
+        assert torch.equal(twin(x), converted(x))
+    twin[0].weight_csr.values().zero_()  # its own tensors, not the original's
+    with torch.no_grad():
+        assert not torch.equal(twin(x), converted(x))
+    more = to_sparse_inference(converted, min_weights=0, min_sparsity=0.0)  # deep-copies
+    assert isinstance(more[2], SparseLinear) and isinstance(more[4], SparsePointwiseConv)
+    assert isinstance(converted[2], nn.Linear)
+    pointwise = copy.deepcopy(more)
+    with torch.no_grad():
+        assert torch.equal(pointwise(x), more(x))
+        torch.testing.assert_close(more(x), model(x))

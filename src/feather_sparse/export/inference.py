@@ -14,7 +14,7 @@ import logging
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -51,7 +51,143 @@ def _csr_matmul(weight_csr: Tensor, bias_column: Tensor | None, columns: Tensor)
     return torch.addmm(bias_column, weight_csr, columns)
 
 
-class SparseLinear(nn.Module):
+def _csr_problem(value: object, current: Tensor) -> str | None:
+    """Why ``value`` cannot replace the CSR weight ``current`` of a sparse layer, or None.
+
+    Any number of non-zeros is accepted: another model of the same
+    architecture, pruned or trained elsewhere, has other ones.
+    """
+    if not isinstance(value, Tensor):
+        return f"is a {type(value).__name__}, not a tensor"
+    if value.layout != torch.sparse_csr:
+        return (
+            f"is a {str(value.layout).removeprefix('torch.')} tensor, not a CSR one (the "
+            "state_dict of a model before to_sparse_inference loads into that model, before "
+            "converting it)"
+        )
+    if tuple(value.shape) != tuple(current.shape):
+        return f"has shape {tuple(value.shape)}, the layer {tuple(current.shape)}"
+    if not value.is_floating_point():
+        return f"holds {str(value.dtype).removeprefix('torch.')} values, not floating-point ones"
+    return None
+
+
+def _rebuilt_csr(value: Tensor, like: Tensor) -> Tensor:
+    """``value`` as a new CSR tensor in ``like``'s dtype and device, int32 indices, checked."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support is in beta.*")
+        return torch.sparse_csr_tensor(
+            value.crow_indices().to(device=like.device, dtype=torch.int32, copy=True),
+            value.col_indices().to(device=like.device, dtype=torch.int32, copy=True),
+            value.values().detach().to(device=like.device, dtype=like.dtype, copy=True),
+            size=tuple(value.shape),
+            dtype=like.dtype,
+            device=like.device,
+            check_invariants=True,  # from a file: indices in range, rows in order
+        )
+
+
+def _check_sparse_entries(
+    module: nn.Module, state_dict: Mapping[str, Any], prefix: str, *_: object
+) -> None:
+    """Before anything is loaded into a converted model, check every sparse layer's CSR weight.
+
+    Registered by :func:`to_sparse_inference` on the model it returns (a
+    load-state-dict pre-hook, so it runs before any tensor is copied): a
+    weight that cannot load is refused with the model unchanged, not after
+    the layers before it were overwritten.
+
+    Raises:
+        RuntimeError: naming each sparse weight that cannot load, and why.
+    """
+    problems = []
+    for name, layer in module.named_modules():
+        if not isinstance(layer, _CsrWeightLayer):
+            continue
+        key = f"{prefix}{name}.weight_csr" if name else f"{prefix}weight_csr"
+        if key in state_dict:
+            problem = _csr_problem(state_dict[key], layer.weight_csr)
+            if problem is not None:
+                problems.append(f"{key} {problem}")
+    if problems:
+        raise RuntimeError(
+            f"Error(s) in loading state_dict for {type(module).__name__}: "
+            f"{'; '.join(problems)}; nothing was loaded"
+        )
+
+
+class _CsrWeightLayer(nn.Module):
+    """What the sparse layers share: a CSR ``weight_csr`` that loads and copies whatever its nnz.
+
+    torch copies a loaded tensor into the buffer in place, which a CSR tensor
+    allows only with the same number of non-zeros; and ``copy.deepcopy``
+    cannot reach a CSR tensor's storage. Both are done here through the CSR
+    components (row pointers, column indices, values).
+    """
+
+    weight_csr: Tensor
+    bias_column: Tensor | None
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        key = prefix + "weight_csr"
+        if key not in state_dict:
+            args = (local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+            super()._load_from_state_dict(state_dict, prefix, *args)
+            return
+        value = state_dict[key]
+        problem = _csr_problem(value, self.weight_csr)
+        new = None
+        if problem is None:
+            try:
+                new = _rebuilt_csr(value, self.weight_csr)
+            except (RuntimeError, ValueError) as err:
+                problem = f"is not a valid CSR tensor ({str(err).splitlines()[0][:200]})"
+        if problem is not None:
+            error_msgs.append(f"the sparse weight {key} {problem}")
+            return  # nothing of this layer is loaded
+        rest = {k: v for k, v in state_dict.items() if k != key}
+        super()._load_from_state_dict(
+            rest, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        if key in missing_keys:
+            missing_keys.remove(key)
+        assert new is not None
+        self.weight_csr = new
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _CsrWeightLayer:
+        """A copy whose CSR weight is rebuilt from copies of its components."""
+        cls = type(self)
+        copied = cls.__new__(cls)
+        memo[id(self)] = copied
+        csr = self._buffers["weight_csr"]
+        state = {k: v for k, v in self.__dict__.items() if k != "_buffers"}
+        buffers = {k: v for k, v in self._buffers.items() if k != "weight_csr"}
+        copied.__dict__.update(copy.deepcopy(state, memo))
+        copied.__dict__["_buffers"] = copy.deepcopy(buffers, memo)
+        if csr is not None:
+            copied._buffers["weight_csr"] = torch.sparse_csr_tensor(
+                csr.crow_indices().clone(),
+                csr.col_indices().clone(),
+                csr.values().clone(),
+                size=tuple(csr.shape),
+                dtype=csr.dtype,
+                device=csr.device,
+                check_invariants=False,  # a copy of a valid one
+            )
+            memo[id(csr)] = copied._buffers["weight_csr"]
+        return copied
+
+
+class SparseLinear(_CsrWeightLayer):
     """Inference-only ``nn.Linear`` whose weight is a CSR tensor (int32 indices).
 
     ``y = x Wᵀ + b`` is computed as ``(W xᵀ + b)ᵀ`` so the sparse operand is
@@ -108,7 +244,7 @@ class SparseLinear(nn.Module):
         )
 
 
-class SparsePointwiseConv(nn.Module):
+class SparsePointwiseConv(_CsrWeightLayer):
     """Inference-only 1×1 convolution (1-D, 2-D or 3-D) with a CSR weight.
 
     A 1×1 convolution with no padding and one group is a matrix product over
@@ -289,6 +425,11 @@ def to_sparse_inference(
     it does not update BatchNorm's running statistics.
 
     The converted layers are inference-only (no gradients to the weights).
+    The converted model deep-copies (``copy.deepcopy``; a CSR tensor alone
+    does not), and its ``state_dict`` loads into another model converted
+    from the same architecture whatever the number of non-zeros of each
+    layer; a sparse weight of another shape (or not a CSR tensor) is refused
+    with a ``RuntimeError`` before anything of the model is loaded.
 
     Args:
         model: the (finalized) model.
@@ -338,7 +479,10 @@ def to_sparse_inference(
         numel = weight.numel()
         if numel < max(min_weights, 1):
             continue
-        sparsity = 1.0 - int(torch.count_nonzero(weight.detach())) / numel
+        # The zeros counted, then one division (Python's int / int is correctly rounded, so
+        # exactly s zeros read as s): 1.0 - 7000/100000 rounds twice, to 0.9299999999999999.
+        zeros = numel - int(torch.count_nonzero(weight.detach()))
+        sparsity = zeros / numel
         if sparsity >= min_sparsity:
             reason = _why_not_plain(module, owners.get(id(module)))
             if reason is None:
@@ -386,4 +530,9 @@ def to_sparse_inference(
             continue
         _replace_module(model, name, sparse)
         logger.info("%s -> %s", name, sparse)
+    if not getattr(model, "_feather_checks_sparse_loads", False) and any(
+        isinstance(m, _CsrWeightLayer) for m in model.modules()
+    ):
+        model.register_load_state_dict_pre_hook(_check_sparse_entries)
+        object.__setattr__(model, "_feather_checks_sparse_loads", True)
     return model
