@@ -9,6 +9,7 @@ not be reloaded or copied, unclear messages) and checks the documented answer.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from feather_sparse.export import (
     to_sparse_inference,
     verify_onnx,
 )
+from feather_sparse.export.onnx import onnx_opset
 from feather_sparse.models import create_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -296,3 +298,70 @@ def test_a_converted_model_deep_copies_and_converts_again() -> None:
     with torch.no_grad():
         assert torch.equal(pointwise(x), more(x))
         torch.testing.assert_close(more(x), model(x))
+
+
+# ---------------------------------------------------------------------------
+# 6. export_onnx of a converted model: one line naming the fix
+# ---------------------------------------------------------------------------
+
+
+@guard(
+    "`export_onnx` of a model converted by `to_sparse_inference`",
+    "one-line `ValueError` naming the sparse layer: export before converting; nothing written",
+)
+def test_export_onnx_of_a_converted_model_says_to_export_before_converting(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(400, 200), nn.ReLU(), nn.Linear(200, 10))
+    Pruner(model, sparsity=0.95, total_steps=1).finalize()
+    converted = to_sparse_inference(model.eval(), min_weights=1000)
+    path = tmp_path / "c.onnx"
+    with pytest.raises(ValueError, match=r"SparseLinear '0'.*before converting") as info:
+        export_onnx(converted, path, torch.randn(2, 400))
+    assert "\n" not in str(info.value)
+    assert not path.exists()
+
+
+# ---------------------------------------------------------------------------
+# 7. export_onnx: the input's dtype and the opset named
+# ---------------------------------------------------------------------------
+
+
+@guard(
+    "`export_onnx` with a float64 example input for a float32 model",
+    "`ValueError` naming the input's dtype and the weights' (not the shape)",
+)
+def test_an_example_input_of_the_wrong_dtype_is_blamed_on_the_dtype(tmp_path: Path) -> None:
+    pytest.importorskip("onnx")
+    with pytest.raises(ValueError, match=r"dtype float64 .*weights are float32") as info:
+        export_onnx(small_net(), tmp_path / "a.onnx", torch.randn(2, 1, 40, dtype=torch.float64))
+    assert "shape" not in str(info.value)
+    with pytest.raises(ValueError, match=r"shape \(2, 1, 41\)"):  # the shape, when it is the shape
+        export_onnx(small_net(), tmp_path / "a.onnx", torch.randn(2, 1, 41))
+
+
+@guard(
+    "`export_onnx(opset=...)` given a string, a float or a bool",
+    "`TypeError` naming `opset` and the value; nothing written",
+)
+@pytest.mark.parametrize("opset", ["abc", "18", 18.7, 18.0, True])
+def test_an_opset_that_is_not_an_int_is_refused(opset: object, tmp_path: Path) -> None:
+    pytest.importorskip("onnx")
+    with pytest.raises(TypeError, match=rf"opset must be an int.*got {re.escape(repr(opset))}"):
+        export_onnx(small_net(), tmp_path / "b.onnx", torch.randn(2, 1, 40), opset=opset)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="opset must be an int"):
+        onnx_opset(opset)  # type: ignore[arg-type]
+    assert not (tmp_path / "b.onnx").exists()
+
+
+def test_a_numpy_integer_opset_is_taken() -> None:
+    pytest.importorskip("onnx")
+    np = pytest.importorskip("numpy")
+    assert onnx_opset(np.int64(18)) == 18
+
+
+def test_a_wrong_dtype_and_a_wrong_shape_is_blamed_on_the_shape(tmp_path: Path) -> None:
+    pytest.importorskip("onnx")
+    with pytest.raises(ValueError, match=r"shape \(2, 1, 41\) and dtype float64"):
+        export_onnx(small_net(), tmp_path / "a.onnx", torch.randn(2, 1, 41, dtype=torch.float64))

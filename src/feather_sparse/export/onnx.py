@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
+import numbers
 import os
 import warnings
 from pathlib import Path
@@ -81,13 +82,24 @@ def _opset_of(proto: Any) -> int:
     return max(int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx"))
 
 
+def _check_opset(opset: object) -> None:
+    """Raise unless ``opset`` is ``None`` or an int (NumPy's too; not a bool, a float or a str)."""
+    if opset is not None and (isinstance(opset, bool) or not isinstance(opset, numbers.Integral)):
+        raise TypeError(
+            f"opset must be an int, an ONNX opset version such as 18 (or None for the newest), "
+            f"got {opset!r}"
+        )
+
+
 def _onnx_setup(opset: int | None) -> tuple[Any, str, int]:
     """The ``onnx`` module, the exporter that will run, and the opset it will write.
 
     Raises:
+        TypeError: if ``opset`` is not an int or ``None``.
         ValueError: if ``onnx`` is not installed or ``opset`` is outside what
             the exporter writes.
     """
+    _check_opset(opset)
     try:
         onnx = importlib.import_module("onnx")
     except ImportError:
@@ -96,7 +108,7 @@ def _onnx_setup(opset: int | None) -> tuple[Any, str, int]:
         ) from None
     exporter, exporter_max = _onnx_exporter()
     newest = min(int(onnx.defs.onnx_opset_version()), exporter_max)
-    opset = newest if opset is None else int(opset)
+    opset = newest if opset is None else int(opset)  # an int, checked by _check_opset
     if opset > newest:
         raise ValueError(f"opset {opset} is newer than this setup exports ({exporter}: {newest})")
     oldest = _oldest_opset(exporter)
@@ -119,6 +131,7 @@ def onnx_opset(opset: int | None = None) -> int:
         The opset that will be written.
 
     Raises:
+        TypeError: if ``opset`` is not an int (a bool, a float or a string) or ``None``.
         ValueError: if ``onnx`` is not installed, or ``opset`` is outside what
             the exporter writes.
     """
@@ -132,6 +145,24 @@ def _check_is_tensor(example_input: object) -> None:
             f"(e.g. torch.randn(2, 1, 40)), got {type(example_input).__name__}; "
             "export_onnx exports models that take a single input"
         )
+
+
+def _wrong_float_dtype(model: nn.Module, example_input: Tensor) -> str | None:
+    """The dtype of ``model``'s weights when a floating ``example_input`` fails for its dtype alone.
+
+    That is, the weights have one floating dtype, the input another, and the
+    model runs on the input cast to the weights' dtype; else None.
+    """
+    dtypes = {t.dtype for t in model.parameters() if t.is_floating_point()}
+    if len(dtypes) != 1 or not example_input.is_floating_point() or example_input.dtype in dtypes:
+        return None
+    (dtype,) = dtypes
+    try:
+        with evaluating(model), torch.inference_mode():
+            model(example_input.to(dtype))
+    except (RuntimeError, ValueError, IndexError, TypeError):
+        return None
+    return str(dtype).removeprefix("torch.")
 
 
 def check_example_input(model: nn.Module, example_input: Tensor) -> None:
@@ -148,13 +179,22 @@ def check_example_input(model: nn.Module, example_input: Tensor) -> None:
 
     Raises:
         TypeError: if ``example_input`` is not one tensor.
-        ValueError: if the model does not run on it, naming its shape.
+        ValueError: if the model does not run on it, naming its dtype when
+            that is not the dtype of the model's weights, its shape otherwise.
     """
     _check_is_tensor(example_input)
     try:
         with evaluating(model), torch.inference_mode():
             model(example_input)
     except (RuntimeError, ValueError, IndexError, TypeError) as err:
+        weights = _wrong_float_dtype(model, example_input)
+        if weights is not None:
+            raise ValueError(
+                f"the model does not run on an input of dtype "
+                f"{str(example_input.dtype).removeprefix('torch.')} ({first_line(err)}); its "
+                f"weights are {weights}: give the input in their dtype "
+                f"(example_input.to(torch.{weights}))"
+            ) from None
         raise ValueError(
             f"the model does not run on an input of shape {tuple(example_input.shape)} "
             f"and dtype {str(example_input.dtype).removeprefix('torch.')} ({first_line(err)}); "
@@ -296,6 +336,31 @@ def _without_pruner(model: nn.Module) -> tuple[nn.Module, list[str]]:
     return plain_model, list(pruned)
 
 
+def _check_dense(model: nn.Module) -> None:
+    """Raise unless every tensor of ``model`` is dense (torch's exporters export no sparse one).
+
+    Raises:
+        ValueError: naming the first sparse layers (from
+            :func:`~feather_sparse.export.to_sparse_inference`) and the fix.
+    """
+    sparse = [
+        f"{type(module).__name__} {name or 'the model itself'!r}"
+        for name, module in model.named_modules()
+        if any(
+            t is not None and t.layout != torch.strided
+            for t in [*module._parameters.values(), *module._buffers.values()]
+        )
+    ]
+    if sparse:
+        raise ValueError(
+            f"the model holds sparse tensors ({', '.join(sparse[:3])}"
+            f"{', …' if len(sparse) > 3 else ''}), which ONNX export does not take: a model "
+            "converted by to_sparse_inference is for PyTorch inference only; export the "
+            "finalized model before converting it (export_onnx(model, ...), then "
+            "to_sparse_inference(model))"
+        )
+
+
 def export_onnx(
     model: nn.Module,
     path: str | os.PathLike[str],
@@ -340,8 +405,10 @@ def export_onnx(
         The opset written.
 
     Raises:
-        TypeError: if ``example_input`` is not one tensor.
-        ValueError: if ``onnx`` is not installed, ``opset`` is outside what
+        TypeError: if ``example_input`` is not one tensor, or ``opset`` not an int.
+        ValueError: if the model holds sparse tensors (converted by
+            :func:`~feather_sparse.export.to_sparse_inference`: export it
+            before converting), ``onnx`` is not installed, ``opset`` is outside what
             the exporter writes, the model does not run on ``example_input``,
             it is too large for the legacy exporter (over 2 GiB of weights),
             ``path`` is named as a sparse checkpoint (``*.fsp``,
@@ -358,6 +425,7 @@ def export_onnx(
             file at ``path`` is then left as it was.
     """
     _check_is_tensor(example_input)
+    _check_dense(model)
     check_writable(path, "model.onnx", kind="onnx")  # the name as given: "out/" is a folder
     target = Path(path)
     onnx, exporter, opset = _onnx_setup(opset)
