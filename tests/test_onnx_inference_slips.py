@@ -22,6 +22,8 @@ from feather_sparse.export import (
     SparseLinear,
     SparsePointwiseConv,
     export_onnx,
+    inspect_sparse,
+    load_sparse,
     save_sparse,
     to_sparse_inference,
     verify_onnx,
@@ -365,3 +367,30 @@ def test_a_wrong_dtype_and_a_wrong_shape_is_blamed_on_the_shape(tmp_path: Path) 
     pytest.importorskip("onnx")
     with pytest.raises(ValueError, match=r"shape \(2, 1, 41\) and dtype float64"):
         export_onnx(small_net(), tmp_path / "a.onnx", torch.randn(2, 1, 41, dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------------
+# 8. an ONNX model given where a .fsp is expected is named as one
+# ---------------------------------------------------------------------------
+
+
+@guard(
+    "`inspect`, `inspect_sparse` or `load_sparse` given an intact ONNX model",
+    "`ValueError` (CLI exit 1) saying it is an ONNX model, not a sparse checkpoint",
+)
+def test_an_onnx_model_is_named_as_one_where_a_fsp_is_expected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("onnx")
+    path = tmp_path / "model.onnx"
+    export_onnx(small_net(), path, torch.randn(2, 1, 40))
+    for read in (inspect_sparse, load_sparse):
+        with pytest.raises(ValueError, match=r"is an ONNX model, not a sparse checkpoint") as info:
+            read(path)
+        assert "corrupted" not in str(info.value)
+    assert cli.main(["inspect", str(path)]) == 1
+    assert "is an ONNX model" in capsys.readouterr().err
+    cut = tmp_path / "cut.onnx"  # a truncated one is not an ONNX model: the old message
+    cut.write_bytes(path.read_bytes()[:-7])
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        inspect_sparse(cut)

@@ -128,7 +128,7 @@ from feather_sparse.export.codec import (
     _nm_candidates,
     _raw_bytes,
 )
-from feather_sparse.export.files import check_writable, sniff
+from feather_sparse.export.files import check_writable, is_onnx, sniff
 from feather_sparse.export.header import (
     DATA_KEY,
     FORMAT_NAME,
@@ -748,6 +748,11 @@ def _read(
         raise ValueError(
             f"{p} is a PyTorch checkpoint, not a sparse checkpoint; "
             f"make one with: feather-sparse export {p} -o model.fsp"
+        )
+    if kind is None and is_onnx(p):
+        raise ValueError(
+            f"{p} is an ONNX model, not a sparse checkpoint: give a .fsp file "
+            "(feather-sparse export RUN -o model.fsp writes one); an ONNX model runs in onnxruntime"
         )
     if kind != "safetensors":
         raise ValueError(
