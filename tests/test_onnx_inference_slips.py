@@ -9,6 +9,7 @@ not be reloaded or copied, unclear messages) and checks the documented answer.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -394,3 +395,38 @@ def test_an_onnx_model_is_named_as_one_where_a_fsp_is_expected(
     cut.write_bytes(path.read_bytes()[:-7])
     with pytest.raises(ValueError, match="truncated or corrupted"):
         inspect_sparse(cut)
+
+
+# ---------------------------------------------------------------------------
+# 9. create_model records NumPy values and iterators as plain Python
+# ---------------------------------------------------------------------------
+
+
+@guard(
+    "`create_model` given NumPy scalars or a one-shot iterator as options",
+    "the spec records Python numbers and lists, so the `.fsp` keeps it and rebuilds the model",
+)
+def test_create_model_records_numpy_values_and_iterators_as_plain_python(
+    tmp_path: Path,
+) -> None:
+    np = pytest.importorskip("numpy")
+    model = create_model("resnet20", num_classes=np.int64(10), width=np.int64(1))
+    spec = model.feather_model_spec
+    assert spec == {"name": "resnet20", "kwargs": {"num_classes": 10, "width": 1}}
+    assert type(spec["kwargs"]["width"]) is int
+    json.dumps(spec)
+    path = tmp_path / "m.fsp"
+    save_sparse(model, path)
+    rebuilt = load_sparse(path)  # the spec was saved: no model needed
+    assert rebuilt.feather_model_spec == spec
+
+    mlp = create_model("mnist1d_mlp", hidden=iter([32, np.int32(16)]))
+    assert mlp.feather_model_spec["kwargs"]["hidden"] == [32, 16]
+    again = create_model(**{"name": "mnist1d_mlp", **mlp.feather_model_spec["kwargs"]})
+    shapes = {k: v.shape for k, v in mlp.state_dict().items()}
+    assert {k: v.shape for k, v in again.state_dict().items()} == shapes
+    assert any(v == (16, 32) for v in shapes.values())  # the iterator reached the factory
+
+    kept = create_model("mnist1d_mlp", hidden=(np.int64(8),))  # a tuple stays a tuple
+    assert kept.feather_model_spec["kwargs"]["hidden"] == (8,)
+    assert type(kept.feather_model_spec["kwargs"]["hidden"][0]) is int

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -181,6 +181,26 @@ def check_model_kwargs(name: str, **kwargs: Any) -> None:
     _bind(entry, inspect.signature(entry.factory), args, unlisted=frozenset({"num_classes"}))
 
 
+def _plain(value: Any) -> Any:
+    """``value`` as the spec records it, and the factory gets it: plain Python, read once.
+
+    A NumPy scalar or array becomes a Python number or list (a ``.fsp`` stores
+    the spec as JSON); an iterator, a generator or a ``range`` becomes a list,
+    so that the factory and the spec see the same values (an iterator the
+    factory consumed would be recorded empty); the items of a list, a tuple or
+    a dict are made plain too, the containers kept. Anything else is kept as is.
+    """
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        return _plain(value.tolist())
+    if isinstance(value, list | Iterator | range):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple) and type(value) is tuple:  # a NamedTuple is kept as is
+        return tuple(_plain(v) for v in value)
+    if type(value) is dict:
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def create_model(name: str, num_classes: int | None = None, **kwargs: Any) -> nn.Module:
     """Build a registered model.
 
@@ -189,7 +209,9 @@ def create_model(name: str, num_classes: int | None = None, **kwargs: Any) -> nn
     ``model.feather_model_spec = {"name": ..., "kwargs": {...}}`` with every
     argument of the factory resolved (defaults included), so
     ``create_model(spec["name"], **spec["kwargs"])`` rebuilds the same
-    architecture.
+    architecture. NumPy scalars and arrays are recorded (and passed to the
+    factory) as Python numbers and lists, and an iterator or ``range`` as a
+    list, so that the spec can be saved as JSON.
 
     Args:
         name: a registered name (see :func:`list_models`).
@@ -221,9 +243,9 @@ def create_model(name: str, num_classes: int | None = None, **kwargs: Any) -> nn
     resolved: dict[str, Any] = {}
     for pname, value in bound.arguments.items():
         if signature.parameters[pname].kind is inspect.Parameter.VAR_KEYWORD:
-            resolved.update(value)
+            resolved.update({k: _plain(v) for k, v in value.items()})
         else:
-            resolved[pname] = value
+            resolved[pname] = _plain(value)
 
     model = entry.factory(**resolved)
     setattr(model, MODEL_SPEC_ATTR, {"name": entry.info.name, "kwargs": resolved})
