@@ -106,8 +106,8 @@ MUTATIONS = [
     dict(
         id="inf12",
         desc="density compared with min_sparsity instead of sparsity",
-        old="sparsity = 1.0 - int(torch.count_nonzero(weight.detach())) / numel",
-        new="sparsity = int(torch.count_nonzero(weight.detach())) / numel",
+        old="sparsity = zeros / numel",
+        new="sparsity = (numel - zeros) / numel",
         tests=INF_TESTS,
     ),
     dict(

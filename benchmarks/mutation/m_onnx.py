@@ -198,8 +198,8 @@ MUTATIONS = [
     dict(
         id="onx23",
         desc="verify_onnx: the signed difference's maximum, not the absolute one",
-        old="return float((onnx_out.float() - torch_out.float()).abs().max())",
-        new="return float((onnx_out.float() - torch_out.float()).max())",
+        old="return float((onnx_out.to(common) - torch_out.to(common)).abs().max()), torch_out",
+        new="return float((onnx_out.to(common) - torch_out.to(common)).max()), torch_out",
         tests=ONNX_TESTS,
     ),
     dict(
