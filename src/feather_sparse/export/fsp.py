@@ -99,7 +99,7 @@ import logging
 import os
 import sys
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -344,8 +344,29 @@ _STORED_INTEGER_DTYPES = frozenset(
 )
 
 
+def _refuse_sharded(named: Iterable[tuple[str, Tensor]]) -> None:
+    """Raise when a tensor is a ``DTensor`` (FSDP2, tensor parallelism): each rank holds a part.
+
+    Raises:
+        ValueError: naming the tensor and the way to save a sharded model.
+    """
+    for name, tensor in named:
+        if type(tensor).__name__ == "DTensor" or type(getattr(tensor, "data", None)).__name__ == (
+            "DTensor"
+        ):
+            raise ValueError(
+                f"{name!r} is sharded across processes (a DTensor: FSDP2 or tensor "
+                "parallelism), and each rank holds only its part; gather whole tensors on "
+                "every rank first (pruner.dense_state_dict(pruned=True, full=True) while a "
+                "Pruner is attached; after finalize, torch.distributed.checkpoint's "
+                "get_model_state_dict with full_state_dict=True), then save that state_dict "
+                "from rank 0 (docs/distributed.md)"
+            )
+
+
 def _check_storable(name: str, tensor: Tensor) -> None:
     """Raise a ``TypeError`` naming the entry if the format cannot store ``tensor``."""
+    _refuse_sharded([(name, tensor)])
     if tensor.layout != torch.strided:
         raise TypeError(
             f"state_dict entry {name!r} is a {str(tensor.layout).removeprefix('torch.')} tensor; "
@@ -652,6 +673,9 @@ def save_sparse(
 
     if isinstance(model, nn.Module):
         model = _unwrap_compiled(model)  # torch.compile: the keys of the model itself
+        _refuse_sharded(
+            (name, t) for name, t in (*model.named_parameters(), *model.named_buffers())
+        )
         state, attached = _state_as_finalized(model)
         if attached:
             logger.warning(
