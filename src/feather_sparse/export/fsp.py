@@ -288,16 +288,13 @@ def _tree_differences(expected: Mapping[str, str], actual: Mapping[str, str]) ->
     missing = [k for k in expected if k not in actual]
     added = [k for k in actual if k not in expected]
 
-    def listing(items: list[str]) -> str:
-        return ", ".join(items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
-
     problems = []
     if changed:
-        problems.append(f"module changed: {listing(changed)}")
+        problems.append(f"module changed: {_listing(changed)}")
     if missing:
-        problems.append(f"module missing from the model: {listing(missing)}")
+        problems.append(f"module missing from the model: {_listing(missing)}")
     if added:
-        problems.append(f"module not in the spec: {listing(added)}")
+        problems.append(f"module not in the spec: {_listing(added)}")
     return problems
 
 
@@ -342,6 +339,11 @@ def _fitting_spec(model: nn.Module, state: Mapping[str, Tensor]) -> dict[str, An
 _STORED_INTEGER_DTYPES = frozenset(
     {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 )
+
+
+def _listing(items: list[str]) -> str:
+    """The first five of ``items``, and how many more."""
+    return ", ".join(items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
 
 
 def _refuse_sharded(named: Iterable[tuple[str, Tensor]]) -> None:
@@ -977,16 +979,13 @@ def _differences(
         if k in declared and declared[k] != expected[k]
     ]
 
-    def listing(items: list[str]) -> str:
-        return ", ".join(items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
-
     problems = []
     if shapes:
-        problems.append(f"shape mismatch: {listing(shapes)}")
+        problems.append(f"shape mismatch: {_listing(shapes)}")
     if missing:
-        problems.append(f"missing from the {theirs}: {listing(missing)}")
+        problems.append(f"missing from the {theirs}: {_listing(missing)}")
     if unexpected:
-        problems.append(f"not in the {ours}: {listing(unexpected)}")
+        problems.append(f"not in the {ours}: {_listing(unexpected)}")
     return problems
 
 
