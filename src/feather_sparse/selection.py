@@ -87,6 +87,7 @@ once per rank), so pass one only for sharded weights.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -126,6 +127,9 @@ CANDIDATE_CAP = 1 << 16
 # float64 window over every value ends within about 12 passes (plus one for a
 # hint that missed); a search that did not shrink would otherwise run forever.
 MAX_PASSES = 64
+# Across processes, the first all-reduce also checks that every rank asked for
+# the same selection (see _Comm.agreed_counts), in groups of up to this many ranks.
+KEY_CHECK_MAX_RANKS = 1 << 15
 
 
 # Devices on which a single process selects by sorting one buffer of the
@@ -340,6 +344,31 @@ class _Comm:
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         out: list[int] = t.tolist()
         return out
+
+    def agreed_counts(self, key: int, *values: Tensor | int) -> tuple[bool, list[int]]:
+        """:meth:`counts` of ``values``, and whether every rank passed the same ``key``.
+
+        The key rides in the same all-reduce (no extra collective): it is cut
+        into 16-bit limbs ``x``, and each limb's ``x`` and ``x²`` are summed;
+        the ranks agree iff ``W·Σx² = (Σx)²`` for every limb (equality in the
+        Cauchy–Schwarz inequality). The sums stay far below 2⁶³ for up to
+        :data:`KEY_CHECK_MAX_RANKS` ranks; a larger group skips the check.
+        The answer is computed from reduced values only, so it is the same on
+        every rank.
+        """
+        if self.group is None:
+            return True, [int(v) for v in values]
+        import torch.distributed as dist
+
+        world = dist.get_world_size(self.group)
+        if world > KEY_CHECK_MAX_RANKS:
+            return True, self.counts(*values)
+        limbs = [(key >> shift) & 0xFFFF for shift in range(0, 64, 16)]
+        packed = [x for limb in limbs for x in (limb, limb * limb)]
+        out = self.counts(*values, *packed)
+        sums = out[len(values) :]
+        agree = all(world * sums[i + 1] == sums[i] * sums[i] for i in range(0, len(sums), 2))
+        return agree, out[: len(values)]
 
     def union(self, lo: float, hi: float) -> tuple[float, float]:
         """The smallest window holding every rank's window, so all ranks start alike."""
@@ -595,8 +624,14 @@ def _select(
     scales: Sequence[float] | None,
     group: ProcessGroup | None,
     stats: PassStats | None = None,
+    request: tuple[int, str] = (0, ""),
 ) -> Tensor:
-    """The search behind :func:`kth_magnitude`; ``rank_of(N)`` gives ``k`` from the global ``N``."""
+    """The search behind :func:`kth_magnitude`; ``rank_of(N)`` gives ``k`` from the global ``N``.
+
+    ``request``: what this rank asked for, as a 64-bit key that determines ``k``
+    given ``N`` and its description; across processes every rank must pass
+    the same key (checked in the first all-reduce, at no extra collective).
+    """
     if stats is not None:
         stats.abs_max = None  # never a previous call's
     if not (hint_width >= 0.0 and math.isfinite(hint_width)):
@@ -610,7 +645,9 @@ def _select(
     dtype = _work_dtype(tensors)
     n = sum(t.numel() for t in tensors)
     if group is not None:  # global N, and float64 if any rank has float64 weights
-        n, any64 = comm.counts(n, int(dtype == torch.float64))
+        agree, (n, any64) = comm.agreed_counts(request[0], n, int(dtype == torch.float64))
+        if not agree:  # k would differ: the ranks' searches would part ways and hang
+            _refuse_different_requests(group, request[1])
         dtype = torch.float64 if any64 else torch.float32
     k = rank_of(n)
     if not 0 <= k <= n:
@@ -708,6 +745,18 @@ def _select(
         f"the exact threshold search did not end in {MAX_PASSES} passes (rank {k} of {n} "
         f"magnitudes, last window ({w_lo!r}, {w_hi!r}]): this is a bug in feather-sparse; "
         "please report it with the weights' dtype and size (selection.kth_magnitude)"
+    )
+
+
+def _refuse_different_requests(group: ProcessGroup, asked: str) -> None:
+    """Raise, on every rank alike, that the ranks of ``group`` asked for different selections."""
+    import torch.distributed as dist
+
+    raise ValueError(
+        "the ranks of the process group asked for different numbers of pruned weights (rank "
+        f"{dist.get_rank(group)} of {dist.get_world_size(group)} asked for {asked}): every "
+        "rank must ask for the same selection; under a Pruner, every rank must call step() "
+        "the same number of times, with the same settings"
     )
 
 
@@ -830,7 +879,9 @@ def kth_magnitude(
             finite, the k-th magnitude would be NaN, or a group is given but
             ``torch.distributed`` is not initialized.
     """
-    return _select(tensors, lambda n: k, hint, hint_width, scales, process_group, stats)
+    return _select(
+        tensors, lambda n: k, hint, hint_width, scales, process_group, stats, _request_k(k)
+    )
 
 
 def select_threshold(
@@ -873,6 +924,24 @@ def select_threshold(
     """
     if not 0.0 <= sparsity <= 1.0:
         raise ValueError(f"sparsity must be in [0, 1], got {sparsity}")
+    req = _request_sparsity(sparsity)
     return _select(
-        tensors, lambda n: round(sparsity * n), hint, hint_width, scales, process_group, stats
+        tensors, lambda n: round(sparsity * n), hint, hint_width, scales, process_group, stats, req
     )
+
+
+def _request_k(k: int) -> tuple[int, str]:
+    """The request key of :func:`kth_magnitude` (see :func:`_select`): ``k`` itself."""
+    try:
+        key = int(k) & 0xFFFFFFFFFFFFFFFF
+    except (TypeError, ValueError, OverflowError):  # refused later, as k outside [0, N]
+        key = 0
+    return key, f"k = {k!r}"
+
+
+def _request_sparsity(sparsity: float) -> tuple[int, str]:
+    """The request key of :func:`select_threshold`: the bits of ``sparsity`` as a float64
+    (``k = round(sparsity·N)`` with the same global ``N`` on every rank)."""
+    value = float(sparsity) + 0.0  # -0.0 as 0.0
+    (key,) = struct.unpack("<Q", struct.pack("<d", value))
+    return key, f"sparsity {value!r}"
