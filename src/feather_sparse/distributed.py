@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import functools
 import gc
+import hashlib
+import json
 import math
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,6 +49,8 @@ __all__ = [
     "DDPIndices",
     "all_reduce_max",
     "all_reduce_sum",
+    "average_grads_under_ddp",
+    "check_same_settings",
     "check_unsharded",
     "common_shard_group",
     "ddp_reducer_indices",
@@ -55,6 +60,7 @@ __all__ = [
     "local_weights",
     "on_local_shard",
     "reconnect_ddp",
+    "refuse_lowered_param_dtype",
     "refuse_sharded_model",
     "shard_cuts",
     "shard_group",
@@ -411,6 +417,51 @@ def all_reduce_max(maxima: Tensor, group: ProcessGroup) -> Tensor:
     return torch.where(both[1] > 0, math.nan, both[0])
 
 
+def _digest(value: Any) -> int:
+    """A 63-bit fingerprint of a JSON-able setting (the same on every rank for equal values)."""
+    text = json.dumps(value, sort_keys=True, default=lambda o: f"<{type(o).__qualname__}>")
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+def check_same_settings(
+    settings: Mapping[str, Any], group: ProcessGroup, device: torch.device
+) -> None:
+    """Raise, on every rank alike, unless every rank of ``group`` holds the same ``settings``.
+
+    One all-reduce (MIN) of each setting's fingerprint and its negation: a
+    setting is the same on every rank iff its least and greatest fingerprint
+    are equal. Every rank passes the same keys (the values may differ).
+
+    Args:
+        settings: the values that must agree, by name (JSON-able).
+        group: the ranks that must agree (a collective over it).
+        device: where the all-reduce runs (a CUDA device for NCCL).
+
+    Raises:
+        ValueError: naming the settings that differ, with this rank's values.
+    """
+    import torch.distributed as dist
+
+    names = sorted(settings)
+    digests = [_digest(settings[name]) for name in names]
+    both = torch.tensor(digests + [-d for d in digests], dtype=torch.long, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MIN, group=group)
+    least, neg_greatest = both.tolist()[: len(names)], both.tolist()[len(names) :]
+    differ = [n for n, lo, neg_hi in zip(names, least, neg_greatest) if lo != -neg_hi]
+    if not differ:
+        return
+    mine = ", ".join(f"{name}={settings[name]!r}" for name in differ)
+    step = " and call step() the same number of times on every rank" if "step" in differ else ""
+    raise ValueError(
+        f"the ranks the weights are sharded over were given different Pruner settings: "
+        f"{', '.join(differ)} differ{'s' if len(differ) == 1 else ''} (rank "
+        f"{dist.get_rank(group)} of {dist.get_world_size(group)} has {mine}); create the "
+        f"Pruner with the same model and arguments on every rank{step}: each rank selects on "
+        "its own shard, and the thresholds are only exact, and the collectives only meet, "
+        "when every rank asks for the same selection"
+    )
+
+
 # ------------------------------------------------------------------------ FSDP2
 def fsdp_managed(model: nn.Module, weights: Sequence[Tensor]) -> bool:
     """Whether FSDP2 (``fully_shard``) has sharded any of ``weights`` (the prunable ones).
@@ -443,6 +494,64 @@ def refuse_sharded_model(model: nn.Module, weights: Sequence[Tensor]) -> None:
             "the model's prunable weights are already sharded by FSDP2 (fully_shard): attach "
             "the Pruner to the unsharded model first, then call fully_shard (FSDP2 tracks "
             "each parameter where it was registered, and the Pruner's parametrization moves it)"
+        )
+
+
+def _fsdp_params(model: nn.Module) -> list[Any]:
+    """FSDP2's per-parameter records (``FSDPParam``: the sharded parameter and its
+    ``mp_policy``) of every ``fully_shard``-ed module in ``model``; empty where this
+    torch lays them out otherwise (the records are FSDP2's internals)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return []
+    found = []
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        state = module._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:  # torch before 2.9: one group per module
+            one = getattr(state, "_fsdp_param_group", None)
+            groups = [] if one is None else [one]
+        for group in groups:
+            found += list(getattr(group, "fsdp_params", ()))
+    return found
+
+
+def refuse_lowered_param_dtype(model: nn.Module, weights: Sequence[Tensor]) -> None:
+    """Raise if FSDP2 casts a prunable weight to a narrower dtype for the forward.
+
+    ``fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))``
+    all-gathers a bf16 copy of each fp32 weight and the forward applies ``P_T``
+    to that copy, while the Pruner selects on the fp32 shards: the rounded
+    copies of weights just above ``T`` fall to it, so the forward prunes
+    other (more) weights than the Pruner selected and reports.
+
+    Args:
+        model: the model the Pruner is attached to.
+        weights: its prunable weights (the parameters FSDP2 sharded).
+
+    Raises:
+        ValueError: naming the layer's dtypes and the fix.
+    """
+    ids = {id(w) for w in weights}
+    for record in _fsdp_params(model):
+        param = getattr(record, "sharded_param", None)
+        policy = getattr(record, "mp_policy", None)
+        cast = getattr(policy, "param_dtype", None)
+        if param is None or id(param) not in ids or cast is None:
+            continue
+        if torch.promote_types(param.dtype, cast) == cast:  # the same or wider: exact
+            continue
+        raise ValueError(
+            f"FSDP2's MixedPrecisionPolicy(param_dtype={cast}) casts the {param.dtype} pruned "
+            f"weights to {cast} for the forward, which then prunes the rounded copies while "
+            f"the Pruner selects on the {param.dtype} shards, so the masks would differ from "
+            "the ones it selects and reports: keep param_dtype None (or "
+            f"{param.dtype}) for the modules holding pruned weights (reduce_dtype may be "
+            "lower), and use torch.autocast for low-precision compute: the Pruner then "
+            "prunes the full-precision weights and autocast casts P_T(w)"
         )
 
 
@@ -582,3 +691,117 @@ def reconnect_ddp(indices: DDPIndices, params: Sequence[Tensor]) -> None:
                     continue
                 hooked.add((id(ddp), i))  # the hook holds ddp: its id stays unique
                 p.register_post_accumulate_grad_hook(functools.partial(_fire_ddp_hook, ddp, i))
+
+
+def _find_ddp(model: nn.Module) -> Any:
+    """The ``DistributedDataParallel`` in or around ``model`` (the first found), or None."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    for module in [*model.modules(), *_enclosing_modules(model)]:
+        if isinstance(module, DistributedDataParallel):
+            return module
+    return None
+
+
+_UNKNOWN = object()
+
+
+class _DDPAverager:
+    """Averages the gradients of a backbone's trainable tensors over a DDP wrapper's group.
+
+    For a Pruner whose backbone has parameters (ASL+'s ``r_l``), which live
+    outside the model and so outside DDP: each tensor gets a post-accumulate
+    hook, and the first of them to fire in a backward queues one averaging at
+    the end of that backward (as DDP finishes its own there), where all of
+    them are all-reduced in one collective. The DDP wrapper is looked up in
+    or around the model at the first backward under an initialised process
+    group (the Pruner may be attached before wrapping), then kept. Nothing
+    happens without a DDP wrapper, or while it skips synchronisation
+    (``no_sync``: gradient accumulation); the gradient accumulated over the
+    micro-batches is averaged at the backward that synchronises, as DDP does.
+    Holds the model and the backbone weakly (the hooks outlive the Pruner),
+    and no tensor (a weak reference would stop ``torch.utils.swap_tensors``).
+    """
+
+    def __init__(self, model: nn.Module, backbone: Any) -> None:
+        self.model = weakref.ref(model)
+        self.backbone = weakref.ref(backbone)
+        self.ddp: Any = _UNKNOWN
+        self.queued_in = -1  # the backward (graph task) that has an averaging queued
+
+    def hook(self, param: Tensor) -> None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        task = torch._C._current_graph_task_id()
+        if task == self.queued_in:
+            return
+        if self.ddp is _UNKNOWN:
+            model = self.model()
+            self.ddp = None if model is None else _find_ddp(model)
+        if self.ddp is None or not self.ddp.require_backward_grad_sync:
+            return
+        self.queued_in = task
+        torch.autograd.Variable._execution_engine.queue_callback(self.average)
+
+    def average(self) -> None:
+        import torch.distributed as dist
+
+        backbone = self.backbone()
+        params: list[Tensor] = [] if backbone is None else list(backbone.parameters())
+        if not params:
+            return
+        group = self.ddp.process_group
+        world = dist.get_world_size(group)
+        device = params[0].device
+        # Each gradient flattened (zeros where a rank has none), then one flag per
+        # tensor: whether this rank has a gradient. Any rank's: every rank gets one.
+        flat = torch.cat(
+            [
+                (p.grad if p.grad is not None else torch.zeros_like(p))
+                .detach()
+                .reshape(-1)
+                .to(device=device, dtype=torch.float32)
+                for p in params
+            ]
+            + [torch.tensor([float(p.grad is not None) for p in params], device=device)]
+        )
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        flat.div_(world)
+        flags = flat[-len(params) :].tolist()
+        offset = 0
+        with torch.no_grad():
+            for p, flag in zip(params, flags):
+                value = flat[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+                if flag == 0.0:
+                    continue
+                value = value.to(device=p.device, dtype=p.dtype)
+                if p.grad is None:
+                    p.grad = value.clone()
+                else:
+                    p.grad.copy_(value)
+
+
+def average_grads_under_ddp(model: nn.Module, backbone: Any) -> None:
+    """Keep the backbone's trainable tensors identical across DDP's ranks.
+
+    DDP averages the gradients of the model's own parameters only; tensors the
+    optimizer trains beside them (ASL+'s learned thresholds,
+    ``backbone.parameters()``) would get each rank's own gradient and drift
+    apart. Their gradients are averaged over the group of the DDP wrapper in
+    or around ``model``, once per backward that DDP synchronises (see
+    :class:`_DDPAverager`). Without DDP (one process, FSDP2, tensor
+    parallelism) the hooks do nothing.
+
+    Args:
+        model: the model the Pruner is attached to (DDP may wrap it later).
+        backbone: the Pruner's backbone; nothing is done when it has no parameters.
+    """
+    params = backbone.parameters()
+    if not params:
+        return
+    averager = _DDPAverager(model, backbone)
+    for param in params:
+        param.register_post_accumulate_grad_hook(averager.hook)

@@ -886,6 +886,8 @@ class Pruner:
         self._warned_collapse: set[str] = set()
         _check_backbone_free(self.backbone)
         self.backbone.setup(targets)
+        # ASL+'s learned thresholds live outside the model, hence outside DDP.
+        distributed.average_grads_under_ddp(model, self.backbone)
 
         # --- attach: thresholds for step 0, then the parametrizations --------
         thresholds = self._compute_thresholds(self.scheduled_sparsity(0))
@@ -1147,6 +1149,8 @@ class Pruner:
                     f"backbone {self.backbone.name!r} does not support sharded (FSDP2/DTensor) "
                     f"weights; use one that does ({', '.join(able)})"
                 )
+            if getattr(self, "_agreed_group", None) != id(group):
+                self._check_ranks_agree(group, weights[0].device)
             self.backbone.process_group = group
         # The global backbone's search measures max |w| per tensor on the way,
         # so its finite check comes after the search at no cost; any other
@@ -1183,6 +1187,20 @@ class Pruner:
                     t.name for t, f in zip(self.targets, flags) if f and t.numel
                 )
         return thresholds
+
+    def _check_ranks_agree(self, group: ProcessGroup, device: torch.device) -> None:
+        """Once per group, at the first selection over it (under FSDP2 the first
+        ``step()`` after ``fully_shard``): every rank holds the same settings and
+        step (one all-reduce), and FSDP2 does not cast the weights down for the
+        forward. Before any other collective of the step, so that a rank given
+        other settings raises instead of leaving the others waiting in a
+        collective it never reaches."""
+        settings = dict(self.config())
+        settings["shapes"] = [list(t.shape) for t in self.targets]
+        settings["step"] = self._step
+        distributed.check_same_settings(settings, group, device)
+        distributed.refuse_lowered_param_dtype(self.model, self.weights())
+        self._agreed_group = id(group)
 
     @staticmethod
     def _abs_maxima(
