@@ -616,6 +616,10 @@ def _per_tensor_max(
     return torch.stack(out) if out else torch.zeros(0, dtype=dtype, device=device)
 
 
+#: The request of a single-process selection: nothing to check.
+_NO_REQUEST = (0, "")
+
+
 def _select(
     tensors: Sequence[Tensor],
     rank_of: Callable[[int], int],
@@ -624,7 +628,7 @@ def _select(
     scales: Sequence[float] | None,
     group: ProcessGroup | None,
     stats: PassStats | None = None,
-    request: tuple[int, str] = (0, ""),
+    request: tuple[int, str] = _NO_REQUEST,
 ) -> Tensor:
     """The search behind :func:`kth_magnitude`; ``rank_of(N)`` gives ``k`` from the global ``N``.
 
@@ -879,9 +883,8 @@ def kth_magnitude(
             finite, the k-th magnitude would be NaN, or a group is given but
             ``torch.distributed`` is not initialized.
     """
-    return _select(
-        tensors, lambda n: k, hint, hint_width, scales, process_group, stats, _request_k(k)
-    )
+    req = _request_k(k) if process_group is not None else _NO_REQUEST
+    return _select(tensors, lambda n: k, hint, hint_width, scales, process_group, stats, req)
 
 
 def select_threshold(
@@ -924,7 +927,7 @@ def select_threshold(
     """
     if not 0.0 <= sparsity <= 1.0:
         raise ValueError(f"sparsity must be in [0, 1], got {sparsity}")
-    req = _request_sparsity(sparsity)
+    req = _request_sparsity(sparsity) if process_group is not None else _NO_REQUEST
     return _select(
         tensors, lambda n: round(sparsity * n), hint, hint_width, scales, process_group, stats, req
     )
