@@ -212,3 +212,28 @@ def test_an_error_mid_training_says_the_checkpoint_is_kept_and_how_to_continue(
         f"cause is fixed, continue with: feather-sparse train --resume {run}"
     ]
     assert train(tiny_config(SMALL, epochs=3), run, resume=True, progress=False).completed
+
+
+def test_training_never_builds_the_model_on_the_meta_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A factory that caches its model would hand the run a meta model: the config
+    # checks before the run build none (only --print-config does, for its layer
+    # checks). save_sparse's spec check builds one after training, at the end.
+    from feather_sparse import models
+    from feather_sparse.train import loop
+
+    devices: list[str] = []
+    real = models.create_model
+
+    def spy(*args: Any, **kwargs: Any) -> nn.Module:
+        model = real(*args, **kwargs)
+        devices.append(next(model.parameters()).device.type)
+        return model
+
+    monkeypatch.setattr(models, "create_model", spy)
+    monkeypatch.setattr(loop, "create_model", spy)
+    train(tiny_config(SMALL, epochs=1), tmp_path / "run", progress=False)
+    assert devices[0] == "cpu" and devices.count("cpu") == 1
+    assert cli.main(["train", *ARGS, "--print-config"]) == 0
+    assert devices[-1] == "meta"

@@ -410,3 +410,17 @@ def test_the_export_command_refuses_an_output_ending_in_a_separator(
         assert f"{flag} {folder} names a folder" in err
         assert f"e.g. {flag} {tmp_path / 'out' / example}" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_forward_wrapped_on_the_instance_keeps_the_spec(tmp_path: Path) -> None:
+    # accelerate wraps model.forward in torch.autocast: the same architecture, run
+    # another way; load_sparse(path) must still rebuild it.
+    from feather_sparse.models import create_model
+
+    model = create_model("mnist1d_mlp", hidden=[8])
+    plain_forward = model.forward
+    model.forward = lambda *a, **k: plain_forward(*a, **k)  # type: ignore[method-assign]
+    fs.save_sparse(model, tmp_path / "m.fsp")
+    rebuilt = fs.load_sparse(tmp_path / "m.fsp")
+    x = torch.randn(3, 40)
+    assert torch.equal(rebuilt.eval()(x), model.eval()(x))

@@ -173,3 +173,44 @@ def test_update_after_loading_weights_prunes_the_new_ones() -> None:
     stale = pruner.sparsity_achieved()
     pruner.update()
     assert stale < 0.5 and pruner.sparsity_achieved() == pytest.approx(0.9, abs=1e-2)
+
+
+def test_a_layer_wrapped_or_moved_after_attach_is_still_pruned() -> None:
+    # Not replaced: the same layer, under another name (activation checkpointing's
+    # wrapper, a new container). The Pruner follows it.
+    class Wrapper(nn.Module):
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)
+
+    model = mlp()
+    pruner = fs.Pruner(model, sparsity=0.5, total_steps=4, schedule="constant")
+    first = model[0]
+    model[0] = Wrapper(first)
+    train_step(model, pruner)
+    assert pruner.finalize() == pytest.approx(0.5, abs=1e-2)
+    assert model[0].inner is first and float((first.weight == 0).float().mean()) > 0.3
+
+
+def test_a_layer_whose_weight_is_a_buffer_is_pruned_as_before() -> None:
+    class Fixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("weight", torch.randn(8, 16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.weight.t()
+
+    model = nn.Sequential(Fixed(), nn.Linear(8, 4))
+    pruner = fs.Pruner(model, sparsity=0.5, total_steps=4, include=[Fixed, nn.Linear])
+    assert [t.name for t in pruner.targets] == ["0", "1"]
+    pruner.finalize()
+    assert int((model[0].weight == 0).sum()) > 0
+
+
+def test_nm_options_take_numpy_bools() -> None:
+    pruner = fs.make_pruner(mlp(), "s-ste", pattern="2:4", rescale=np.True_)
+    assert pruner.config()["backbone"]["rescale"] is True

@@ -488,7 +488,7 @@ def _refuse_other_weight(name: str, module: nn.Module) -> None:
             "weight_norm or spectral_norm), which a Pruner cannot prune through: leave the "
             f"layer dense with exclude=[{name!r}], or remove that parametrization first"
         )
-    if "weight" not in module._parameters:
+    if "weight" not in module._parameters and "weight" not in module._buffers:
         raise ValueError(
             f"the weight of layer {name!r} is not a parameter of its own but computed (the older "
             "torch.nn.utils.weight_norm computes it from weight_g and weight_v, say), so a "
@@ -1430,15 +1430,23 @@ class Pruner:
         Raises:
             RuntimeError: naming ``call``, the layer and the fix.
         """
-        for name, links in self._paths:
-            if not all(parent._modules.get(key) is child for parent, key, child in links):
-                raise RuntimeError(
-                    f"{call} is refused: layer {name!r} is not the one the Pruner attached to "
-                    "(it, or a module holding it, was replaced in the model after the Pruner "
-                    "attached), so the Pruner would prune a layer the model no longer uses. "
-                    "Change the model before attaching: call pruner.remove(), change the "
-                    "model, then create a new Pruner on it"
-                )
+        for index, (name, links) in enumerate(self._paths):
+            if all(parent._modules.get(key) is child for parent, key, child in links):
+                continue
+            # Moved, not replaced (wrapped for activation checkpointing, put into a new
+            # container): the layer is still in the model, under another name.
+            layer = links[-1][2] if links else self.model
+            moved = next((n for n, m in self.model.named_modules() if m is layer), None)
+            if moved is not None:
+                self._paths[index] = (name, _path(self.model, moved))
+                continue
+            raise RuntimeError(
+                f"{call} is refused: layer {name!r} is not the one the Pruner attached to "
+                "(it, or a module holding it, was replaced in the model after the Pruner "
+                "attached), so the Pruner would prune a layer the model no longer uses. "
+                "Change the model before attaching: call pruner.remove(), change the "
+                "model, then create a new Pruner on it"
+            )
 
     # ------------------------------------------------------------------ state
     @torch.no_grad()

@@ -356,7 +356,7 @@ def _run(command: str, args: argparse.Namespace) -> int:
     if args.print_config:
         # What training refuses before it starts, refused here too, by the same
         # checks (the device's presence is the machine's, not the recipe's).
-        check_config(config, stop_after_epoch=args.stop_after_epoch)
+        check_config(config, stop_after_epoch=args.stop_after_epoch, layers=True)
         print(config_toml(config), end="")
         return 0
 

@@ -258,17 +258,17 @@ def _module_tree(model: nn.Module) -> dict[str, str]:
     """Each module of ``model`` by qualified name: its class and ``extra_repr``.
 
     What a module computes beyond its tensors (an activation, a stride, a
-    padding, a forward replaced on the instance) shows here; a Pruner's
-    parametrizations do not (a parametrized layer is described by its own
-    class, without the ``parametrizations`` it holds).
+    padding) shows here; a Pruner's parametrizations do not (a parametrized
+    layer is described by its own class, without the ``parametrizations`` it
+    holds), nor a ``forward`` wrapped on the instance (``torch.autocast`` by
+    accelerate, say: the same architecture, run another way).
     """
     tree: dict[str, str] = {}
 
     def walk(module: nn.Module, prefix: str) -> None:
         cls = parametrize.type_before_parametrizations(module)
         extra = module.extra_repr()
-        replaced = " with its forward replaced" if "forward" in vars(module) else ""
-        tree[prefix] = f"{cls.__qualname__}({extra}){replaced}"
+        tree[prefix] = f"{cls.__qualname__}({extra})"
         skip = "parametrizations" if parametrize.is_parametrized(module) else None
         for name, child in module._modules.items():
             if child is not None and name != skip:

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -158,8 +159,9 @@ class NMBackbone(Backbone):
                 f"decay must be >= 0, a finite number (0: off; SR-STE uses 2e-4), got {decay!r}"
             )
         for option, value in (("rescale", rescale), ("freeze", freeze)):
-            if not isinstance(value, bool):
+            if not isinstance(value, bool | np.bool_):  # NumPy's bool too, as numbers are
                 raise ValueError(f"{option} must be True or False, got {value!r}")
+        rescale, freeze = bool(rescale), bool(freeze)
         if not isinstance(conv_order, str) or conv_order not in CONV_ORDERS:
             raise ValueError(
                 f"conv_order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}"

@@ -468,7 +468,9 @@ def _lost_contact(err: BaseException) -> bool:
     )
 
 
-def check_config(config: TrainConfig, *, stop_after_epoch: int | None = None) -> None:
+def check_config(
+    config: TrainConfig, *, stop_after_epoch: int | None = None, layers: bool = False
+) -> None:
     """Every check of the run's settings that :func:`train` makes before any work.
 
     What a config alone decides, without data, a model or the machine: the
@@ -486,6 +488,12 @@ def check_config(config: TrainConfig, *, stop_after_epoch: int | None = None) ->
     Args:
         config: the run's settings.
         stop_after_epoch: as for :func:`train`.
+        layers: also check what needs the model's layers (the ``include`` and
+            ``exclude`` names, an N:M pattern's fit) on the model built on the
+            meta device. ``--print-config`` asks for it; :func:`train` makes the
+            same checks on the model it builds, and never runs the model's
+            factory on the meta device (a factory that caches its model
+            would hand the run a meta model).
 
     Raises:
         ValueError: naming the field, and the choices or the fix.
@@ -510,7 +518,8 @@ def check_config(config: TrainConfig, *, stop_after_epoch: int | None = None) ->
     except ValueError as err:
         raise ValueError(f"data_options: {err}") from None
     check_method(config)
-    _check_layers(config)
+    if layers:
+        _check_layers(config)
     if stop_after_epoch is not None and stop_after_epoch < 1:
         raise ValueError(f"stop_after_epoch must be >= 1, got {stop_after_epoch}")
 
