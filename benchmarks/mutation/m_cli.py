@@ -274,7 +274,7 @@ MUTATIONS = [
         id="cl31",
         file=TRAIN,
         desc="--print-config skips the config checks",
-        old="        check_config(config, stop_after_epoch=args.stop_after_epoch)\n        print(config_toml",
+        old="        check_config(config, stop_after_epoch=args.stop_after_epoch, layers=True)\n        print(config_toml",
         new="        print(config_toml",
         tests=_CLI_TESTS,
     ),
