@@ -110,6 +110,7 @@ from torch.nn.utils import parametrize
 
 from feather_sparse import models
 from feather_sparse._version import __version__
+from feather_sparse.distributed import is_dtensor
 from feather_sparse.export.codec import (
     _BITS_DTYPES,
     _VALUE_DTYPES,
@@ -353,9 +354,7 @@ def _refuse_sharded(named: Iterable[tuple[str, Tensor]]) -> None:
         ValueError: naming the tensor and the way to save a sharded model.
     """
     for name, tensor in named:
-        if type(tensor).__name__ == "DTensor" or type(getattr(tensor, "data", None)).__name__ == (
-            "DTensor"
-        ):
+        if is_dtensor(tensor):
             raise ValueError(
                 f"{name!r} is sharded across processes (a DTensor: FSDP2 or tensor "
                 "parallelism), and each rank holds only its part; gather whole tensors on "
