@@ -83,8 +83,11 @@ def checkpoint_state(**entries: Any) -> dict[str, Any]:
 
 def tiny_run(train_size: int, test_size: int, eval_batch_size: int) -> dict[str, Any]:
     """Recipe overrides for a tiny training run: the ``mnist1d`` default model at a
-    quarter of its width on ``train_size`` synthetic samples, batches of 64, 3 epochs."""
+    quarter of its width on ``train_size`` synthetic samples, batches of 64, 3 epochs,
+    on the CPU (also where a GPU is present: the tests compare CPU bits; the gpu tests
+    ask for ``device="cuda"`` themselves)."""
     return {
+        "device": "cpu",
         "model_kwargs": {"width": 0.25},
         "dataset": "synthetic-mnist1d",
         "data_options": {"train_size": train_size, "test_size": test_size},
@@ -110,7 +113,8 @@ def tiny_run_args(
     quarter_width: bool = True,
 ) -> list[str]:
     """``feather-sparse train`` arguments for a tiny run on synthetic MNIST-1D,
-    batches of 64; ``epochs`` and ``eval_batch_size`` are passed only when given."""
+    batches of 64, on the CPU (as :func:`tiny_run`); ``epochs`` and ``eval_batch_size``
+    are passed only when given."""
     args = ["--model-kwargs", "{width = 0.25}"] if quarter_width else []
     args += [
         "--dataset",
@@ -124,7 +128,7 @@ def tiny_run_args(
         args += ["--eval-batch-size", str(eval_batch_size)]
     if epochs is not None:
         args += ["--epochs", str(epochs)]
-    return [*args, "--no-tensorboard", "--no-progress", "--threads", "1"]
+    return [*args, "--no-tensorboard", "--no-progress", "--threads", "1", "--device", "cpu"]
 
 
 def straight_and_resumed(

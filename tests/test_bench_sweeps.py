@@ -20,10 +20,13 @@ from feather_sparse.cli.bench import options_from_args
 
 pytest.importorskip("matplotlib")
 
+# Tiny synthetic runs, on the CPU also where a GPU is present (the pages' numerics
+# lines and the runs' bits are the CPU's in these tests).
 SMALL: dict[str, Any] = {
     "dataset": "synthetic-mnist1d",
     "data_options": {"train_size": 256, "test_size": 128},
     "batch_size": 64,
+    "device": "cpu",
 }
 SMALL_FLAGS = [
     "--set",
@@ -32,6 +35,8 @@ SMALL_FLAGS = [
     "data_options={train_size = 256, test_size = 128}",
     "--batch-size",
     "64",
+    "--device",
+    "cpu",
 ]
 
 

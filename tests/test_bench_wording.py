@@ -30,6 +30,8 @@ SMALL_FLAGS = [
     "1",
     "--threads",
     "1",
+    "--device",
+    "cpu",
 ]
 
 #: A count of 1 before a noun in the plural, or a count with "(s)": what no page may say.

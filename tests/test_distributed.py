@@ -273,6 +273,7 @@ TRAIN_SMALL = {
     "epochs": 3,
     "tensorboard": False,
     "threads": 1,
+    "device": "cpu",
 }
 
 
@@ -578,7 +579,7 @@ def test_torchrun_cli(tmp_path: Path) -> None:
         "-m", "feather_sparse", "train",
         "--dataset", "synthetic-mnist1d",
         "--set", "data_options={train_size = 256, test_size = 64}",
-        "--batch-size", "32", "--epochs", "2", "--threads", "1",
+        "--batch-size", "32", "--epochs", "2", "--threads", "1", "--device", "cpu",
         "--no-tensorboard", "--no-progress", "--run-dir", str(tmp_path / "run"),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}

@@ -31,14 +31,10 @@ from feather_sparse.experiments import (
 )
 from feather_sparse.integrity import read_sealed_json
 from feather_sparse.provenance import numerics
+from test_bench_sweeps import SMALL
 
 pytest.importorskip("matplotlib")
 
-SMALL: dict[str, Any] = {
-    "dataset": "synthetic-mnist1d",
-    "data_options": {"train_size": 256, "test_size": 128},
-    "batch_size": 64,
-}
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

@@ -199,7 +199,9 @@ def test_the_runbook_command_lines_parse_and_its_tests_collect(tmp_path: Path) -
     for part in PARTS[1:]:
         assert (out / part).read_text().startswith("parsed: benchmarks/"), part
     collected = (out / "gpu-tests.log").read_text()
-    assert "test_nm_devices.py::" in collected and "error" not in collected.lower()
+    assert "test_nm_devices.py::" in collected, collected
+    # a module that fails to import: "ERROR collecting ...", "1 error" in the last line
+    assert not re.search(r"^ERROR|\berrors?\b.* in [\d.]+s", collected, re.MULTILINE), collected
 
 
 def test_every_limit_fits_in_one_ten_minute_command() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,15 +13,10 @@ from feather_sparse.bench.experiments import EXPERIMENTS
 from feather_sparse.bench.experiments.nm import NM_SEEDS, plan
 from feather_sparse.bench.runner import plan_runs
 from feather_sparse.cli.bench import add_arguments, options_from_args
+from test_bench_sweeps import SMALL
 
 pytest.importorskip("matplotlib")
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-SMALL: dict[str, Any] = {
-    "dataset": "synthetic-mnist1d",
-    "data_options": {"train_size": 256, "test_size": 128},
-    "batch_size": 64,
-}
 
 
 def parse(*argv: str) -> BenchOptions:
