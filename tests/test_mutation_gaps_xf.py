@@ -274,7 +274,9 @@ def test_the_models_that_take_a_shape_are_listed_once_each() -> None:
 class _FakeDist:
     """The calls init_distributed makes on ``torch.distributed`` and ``torch.cuda``, recorded."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, initialized: bool, cuda: bool) -> None:
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, *, initialized: bool, cuda: bool, gpus: int = 4
+    ) -> None:
         self.backends: list[str] = []
         self.gpus: list[int] = []
         dist = torch.distributed
@@ -284,6 +286,7 @@ class _FakeDist:
             dist, "init_process_group", lambda backend: self.backends.append(backend)
         )
         monkeypatch.setattr(torch.cuda, "set_device", lambda index: self.gpus.append(index))
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
         device = torch.device("cuda" if cuda else "cpu")
         monkeypatch.setattr(train_dist, "resolve_device", lambda name: device)
 
@@ -311,6 +314,29 @@ def test_under_torchrun_on_cuda_the_process_joins_with_nccl_on_gpu_local_rank(
     fake = _FakeDist(monkeypatch, initialized=False, cuda=False)
     assert init_distributed("cpu") is True
     assert fake.backends == ["gloo"] and fake.gpus == []
+
+
+@guard(
+    "torchrun starts more processes per machine than it has GPUs for a CUDA run "
+    "(`--nproc_per_node=2` on a one-GPU machine, `device = auto`)",
+    "exit 1 on the process without a GPU, before joining the group: start at most as "
+    "many as there are GPUs, or --device cpu",
+)
+def test_more_processes_than_gpus_on_a_machine_is_refused_before_joining(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LOCAL_RANK 1 of a CUDA run on a machine with one GPU: NCCL cannot share the GPU, and
+    set_device(1) would fail with CUDA's own 'invalid device ordinal'."""
+    _torchrun_env(monkeypatch, rank=1, local_rank=1)
+    fake = _FakeDist(monkeypatch, initialized=False, cuda=True, gpus=1)
+    with pytest.raises(ValueError, match=r"number 1 \(LOCAL_RANK\) on its machine") as info:
+        init_distributed("auto")
+    assert "has 1 CUDA device:" in str(info.value)
+    assert "--nproc_per_node=1" in str(info.value) and "--device cpu" in str(info.value)
+    assert fake.backends == [] and fake.gpus == []
+    _torchrun_env(monkeypatch, rank=0, local_rank=0)  # the first process has its GPU
+    assert init_distributed("auto") is True
+    assert fake.backends == ["nccl"] and fake.gpus == [0]
 
 
 def test_a_group_that_exists_already_is_not_joined_again(monkeypatch: pytest.MonkeyPatch) -> None:

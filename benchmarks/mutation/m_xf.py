@@ -242,8 +242,8 @@ MUTATIONS = [
     dict(
         id="xf27",
         desc="init_distributed: the GPU from RANK instead of LOCAL_RANK",
-        old='torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))',
-        new='torch.cuda.set_device(int(os.environ.get("RANK", "0")))',
+        old='local = int(os.environ.get("LOCAL_RANK", "0"))',
+        new='local = int(os.environ.get("RANK", "0"))',
         file=DIST,
         tests=DIST_TESTS,
     ),

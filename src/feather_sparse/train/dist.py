@@ -120,6 +120,10 @@ def init_distributed(device: str = "auto") -> bool:
 
     Returns:
         Whether this call initialised the group (the caller then destroys it).
+
+    Raises:
+        ValueError: on CUDA, when ``LOCAL_RANK`` names no GPU of this machine (more
+            processes per machine than GPUs), before the group is joined.
     """
     dist = torch.distributed
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
@@ -128,7 +132,16 @@ def init_distributed(device: str = "auto") -> bool:
         raise RuntimeError("WORLD_SIZE > 1 but this torch build has no torch.distributed")
     cuda = resolve_device(device).type == "cuda"
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        gpus = torch.cuda.device_count()
+        if local >= gpus:  # NCCL cannot put two processes on one GPU
+            raise ValueError(
+                f"this process is number {local} (LOCAL_RANK) on its machine, which has "
+                f"{count(gpus, 'CUDA device')}: each process of a CUDA run needs a GPU of "
+                f"its own; start at most {gpus} per machine (torchrun "
+                f"--nproc_per_node={gpus}) or train on the CPU (--device cpu)"
+            )
+        torch.cuda.set_device(local)
     dist.init_process_group("nccl" if cuda else "gloo")
     return True
 
