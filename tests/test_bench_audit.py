@@ -88,8 +88,8 @@ def test_device_that_is_not_here_is_one_error_before_any_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     calls = _count_trainings(monkeypatch)
-    argv = ["bench", "all", "--quick", "--device", "cuda", "--out", str(tmp_path)]
-    assert cli.main([*argv, *SMALL_FLAGS]) == 1
+    argv = ["bench", "all", "--quick", "--out", str(tmp_path)]
+    assert cli.main([*argv, *SMALL_FLAGS, "--device", "cuda"]) == 1  # the last --device counts
     err = capsys.readouterr().err
     assert calls == []
     assert "no run started" in err and "CUDA is not available" in err

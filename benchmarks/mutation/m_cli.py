@@ -46,9 +46,9 @@ MUTATIONS = [
     dict(
         id="cl02",
         file=OPTIONS,
-        desc="seeds: a repeated seed accepted (count > 2)",
-        old="repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})",
-        new="repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 2})",
+        desc="seeds: a repeated seed accepted (the seeds left out of the repeat check)",
+        old='("seeds", self.seeds, "a seed is one run"),',
+        new='("seeds", (), "a seed is one run"),',
     ),
     dict(
         id="cl03",
