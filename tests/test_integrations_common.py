@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -202,3 +205,25 @@ def test_bake_pending_writes_the_saved_forward_into_a_plain_model(schedule: str)
     for key, value in other.state_dict().items():
         assert torch.equal(value, pruned[key]), key
     assert torch.equal(other(x), expected)
+
+
+@guard(
+    "`feather_sparse.integrations.hf` or `.lightning` imported where its framework is not "
+    "installed",
+    "`ImportError` naming the framework and `pip install 'feather-sparse[hf]'` (`[lightning]`)",
+)
+@pytest.mark.parametrize(
+    ("module", "framework", "extra"),
+    [("hf", "transformers", "hf"), ("lightning", "lightning", "lightning")],
+)
+def test_a_missing_framework_is_named_with_its_install(
+    module: str, framework: str, extra: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not the framework's bare ModuleNotFoundError: the extra that brings it."""
+    monkeypatch.setitem(sys.modules, framework, None)  # import fails as if not installed
+    monkeypatch.delitem(sys.modules, f"feather_sparse.integrations.{module}", raising=False)
+    with pytest.raises(ImportError) as caught:
+        importlib.import_module(f"feather_sparse.integrations.{module}")
+    message = str(caught.value)
+    assert f"feather_sparse.integrations.{module} needs {framework}" in message
+    assert f"install it with: pip install 'feather-sparse[{extra}]'" in message

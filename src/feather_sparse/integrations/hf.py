@@ -44,8 +44,15 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+except ImportError as err:
+    raise ImportError(
+        f"feather_sparse.integrations.hf needs transformers ({err}); "
+        "install it with: pip install 'feather-sparse[hf]'"
+    ) from err
 
 from feather_sparse.integrations._common import DrivenCallback
 from feather_sparse.run_files import load_torch_bytes

@@ -83,8 +83,14 @@ import logging
 import math
 from typing import Any
 
-import lightning.pytorch as pl
-from lightning.pytorch.trainer.states import TrainerFn
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.trainer.states import TrainerFn
+except ImportError as err:
+    raise ImportError(
+        f"feather_sparse.integrations.lightning needs lightning ({err}); "
+        "install it with: pip install 'feather-sparse[lightning]'"
+    ) from err
 
 from feather_sparse.integrations._common import DrivenCallback
 
