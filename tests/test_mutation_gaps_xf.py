@@ -328,12 +328,17 @@ def test_more_processes_than_gpus_on_a_machine_is_refused_before_joining(
     """LOCAL_RANK 1 of a CUDA run on a machine with one GPU: NCCL cannot share the GPU, and
     set_device(1) would fail with CUDA's own 'invalid device ordinal'."""
     _torchrun_env(monkeypatch, rank=1, local_rank=1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fake = _FakeDist(monkeypatch, initialized=False, cuda=True, gpus=1)
     with pytest.raises(ValueError, match=r"number 1 \(LOCAL_RANK\) on its machine") as info:
         init_distributed("auto")
-    assert "has 1 CUDA device:" in str(info.value)
+    assert "shows it 1 CUDA device:" in str(info.value)
     assert "--nproc_per_node=1" in str(info.value) and "--device cpu" in str(info.value)
     assert fake.backends == [] and fake.gpus == []
+    # a launcher that gives each process its own GPU through the variable: it is named
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(ValueError, match=r"1 CUDA device \(CUDA_VISIBLE_DEVICES='3' here\)"):
+        init_distributed("auto")
     _torchrun_env(monkeypatch, rank=0, local_rank=0)  # the first process has its GPU
     assert init_distributed("auto") is True
     assert fake.backends == ["nccl"] and fake.gpus == [0]

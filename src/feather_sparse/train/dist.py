@@ -135,10 +135,12 @@ def init_distributed(device: str = "auto") -> bool:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         gpus = torch.cuda.device_count()
         if local >= gpus:  # NCCL cannot put two processes on one GPU
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            shown = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r} here)"
             raise ValueError(
-                f"this process is number {local} (LOCAL_RANK) on its machine, which has "
-                f"{count(gpus, 'CUDA device')}: each process of a CUDA run needs a GPU of "
-                f"its own; start at most {gpus} per machine (torchrun "
+                f"this process is number {local} (LOCAL_RANK) on its machine, which shows it "
+                f"{count(gpus, 'CUDA device')}{shown}: each process of a CUDA run uses GPU "
+                f"LOCAL_RANK of those it sees; start at most {gpus} per machine (torchrun "
                 f"--nproc_per_node={gpus}) or train on the CPU (--device cpu)"
             )
         torch.cuda.set_device(local)
