@@ -399,6 +399,31 @@ def test_cli_checks_every_option_before_writing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.fsp", "run.fsp"]
 
 
+@guard(
+    "`export --onnx --opset N` (or `export_onnx(opset=N)`) for an opset that only the "
+    "torch.export-based exporter writes, where onnxscript is not installed",
+    "CLI exit 1, one line naming the legacy exporter's newest opset and "
+    "`pip install 'feather-sparse[onnx]'`; nothing written",
+)
+def test_an_opset_that_needs_onnxscript_says_to_install_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("onnx")
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # `import onnxscript` fails
+    legacy = export.onnx.onnx_opset()  # the newest the legacy exporter writes here
+    source = tmp_path / "run.fsp"
+    save_sparse(pruned_cnn(), source)
+    argv = ["export", str(source), "-o", str(tmp_path / "out.fsp")]
+    argv += ["--onnx", str(tmp_path / "x.onnx"), "--opset", str(legacy + 1)]
+    line = one_line_error(capsys, argv)
+    assert f"opset {legacy + 1} is newer than this setup exports (legacy: {legacy})" in line
+    assert "need onnxscript" in line and "pip install 'feather-sparse[onnx]'" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.fsp"]
+    with pytest.raises(ValueError, match="newer than this setup exports") as caught:
+        export.onnx.onnx_opset(999)  # newer than any exporter writes: no install helps
+    assert "onnxscript" not in str(caught.value)
+
+
 # ---------------------------------------------------------------------------
 # 6. command-line messages that name the command line's options
 # ---------------------------------------------------------------------------

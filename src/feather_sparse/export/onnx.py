@@ -77,6 +77,26 @@ def _oldest_opset(exporter: str) -> int:
     return int(getattr(constants, "ONNX_MIN_OPSET", _LEGACY_MIN_OPSET))
 
 
+def _onnxscript_remedy(onnx: Any, exporter: str, opset: int, newest: int) -> str:
+    """How to get ``opset`` when only the legacy exporter's cap (``newest``) refuses it.
+
+    The legacy exporter runs where onnxscript is not installed; the
+    torch.export-based one, which onnxscript brings, writes newer opsets.
+    ``""`` where the opset is beyond that one's too.
+    """
+    if exporter != "legacy":
+        return ""
+    constants = importlib.import_module("torch.onnx._constants")
+    dynamo_max = int(getattr(constants, "ONNX_MAX_OPSET", _DYNAMO_MAX_OPSET))
+    highest = min(int(onnx.defs.onnx_opset_version()), dynamo_max)
+    if opset > highest:
+        return ""
+    return (
+        f"; opsets {newest + 1} to {highest} need onnxscript (torch's torch.export-based "
+        "exporter); install it with: pip install 'feather-sparse[onnx]'"
+    )
+
+
 def _opset_of(proto: Any) -> int:
     """The default-domain opset an ONNX ``ModelProto`` declares."""
     return max(int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx"))
@@ -110,7 +130,10 @@ def _onnx_setup(opset: int | None) -> tuple[Any, str, int]:
     newest = min(int(onnx.defs.onnx_opset_version()), exporter_max)
     opset = newest if opset is None else int(opset)  # an int, checked by _check_opset
     if opset > newest:
-        raise ValueError(f"opset {opset} is newer than this setup exports ({exporter}: {newest})")
+        raise ValueError(
+            f"opset {opset} is newer than this setup exports ({exporter}: {newest})"
+            + _onnxscript_remedy(onnx, exporter, opset, newest)
+        )
     oldest = _oldest_opset(exporter)
     if opset < oldest:
         raise ValueError(
