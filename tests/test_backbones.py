@@ -9,11 +9,10 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from torch import nn
 
 import feather_sparse as fs
+from _hypothesis import given, settings, st
 from feather_sparse.backbones import allocate, flops_scale
 from feather_sparse.selection import count_at_most
 

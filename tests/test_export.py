@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from torch import nn
 
 from _guards import guard
+from _hypothesis import given, settings, st
 from feather_sparse import Pruner, __version__, cli, export
 from feather_sparse.export import (
     BASE_FORMAT_VERSION,

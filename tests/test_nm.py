@@ -7,10 +7,9 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from torch import nn
 
+from _hypothesis import given, settings, st
 from feather_sparse.nm import (
     NMPattern,
     check_layout,

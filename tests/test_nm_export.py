@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import feather_sparse as fs
 from _guards import guard
+from _hypothesis import given, settings, st
 from feather_sparse.nm import NMPattern, decode_nm, encode_nm, nm_encoded_bytes, nm_threshold
 from feather_sparse.nm.export import _pack_bits, _unpack_bits
 

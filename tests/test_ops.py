@@ -6,11 +6,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
 
 import feather_sparse as fs
 from _guards import guard
+from _hypothesis import example, given, settings, st
 from feather_sparse.ops import OPERATORS, ThresholdOperator, _ThresholdSTE, apply_function
 
 FLOATS = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, width=32)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 import feather_sparse as fs
+from _hypothesis import given, st
 from feather_sparse.schedules import SCHEDULES
 
 

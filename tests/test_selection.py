@@ -6,11 +6,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import feather_sparse.selection as selection
 from _guards import guard
+from _hypothesis import given, settings, st
 from feather_sparse.selection import count_at_most, kth_magnitude, select_threshold
 
 
