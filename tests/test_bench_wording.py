@@ -114,6 +114,7 @@ def test_cli_lines_count_in_the_singular_and_the_plural(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """``bench theta --quick`` over one θ plans 1 run, over two 2: every line says so."""
+    pytest.importorskip("matplotlib")  # the command draws its page's figures first
     _failing_training(monkeypatch)
     argv = ["bench", "theta", "--quick", "--thetas", thetas, *SMALL_FLAGS, "--out", str(tmp_path)]
     with caplog.at_level(logging.INFO, logger="feather_sparse.bench"):
@@ -136,6 +137,7 @@ def test_operator_runs_are_named_by_their_operator_and_keep_their_keys(
 ) -> None:
     """``bench operator`` trains hard, soft and Feather: each failure line, the page and
     its JSON say which is which; the run folders keep their keys (stored runs are reused)."""
+    pytest.importorskip("matplotlib")  # the command draws its page's figures first
     _failing_training(monkeypatch)
     argv = ["bench", "operator", "--quick", *SMALL_FLAGS, "--out", str(tmp_path)]
     assert cli.main(argv) == 1
@@ -236,6 +238,7 @@ def test_a_run_records_when_it_started_and_finished(
 ) -> None:
     """``result.json`` holds the run's start and end (UTC), a failed run's too, and the
     page made from it shows their days."""
+    pytest.importorskip("matplotlib")  # the command draws its page's figures first
     _failing_training(monkeypatch)
     before = datetime.now(timezone.utc).strftime(TIME_FORMAT)
     argv = ["bench", "theta", "--quick", "--thetas", "1", *SMALL_FLAGS, "--out", str(tmp_path)]

@@ -264,6 +264,7 @@ def test_a_failed_run_shared_by_two_cells_is_one_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """cl12: ``failed`` counts the runs that raised (distinct runs, as ``runs`` does)."""
+    pytest.importorskip("matplotlib")  # run_experiment draws the page's figures
     import feather_sparse.bench.driver as driver
 
     opts = BenchOptions(out=tmp_path, seeds=(0,), sparsities=(0.9,), methods=("GMP",))
