@@ -240,3 +240,21 @@ def test_the_window_on_cuda_equals_bucket_narrowing_on_the_cpu() -> None:
     for s in (0.1, 0.5, 0.9, 0.98, 0.999):
         t = select_threshold(cuda, s)
         assert t.device.type == "cuda" and _bits(t.cpu()) == _bits(select_threshold(cpu, s)), s
+
+
+@pytest.mark.gpu
+def test_bucket_narrowing_on_cuda_equals_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The multi-pass search that a GPU runs above SORT_MAX_BYTES of magnitudes (and under
+    a process group), forced here at a small size: the same bits as on the CPU."""
+    calls: list[int] = []
+    real = selection._sort_select
+    monkeypatch.setattr(selection, "_sort_select", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(selection, "SORT_MAX_BYTES", 1024)
+    g = torch.Generator().manual_seed(7)
+    cpu = [torch.randn(200_000, generator=g), torch.randn(300, 300, generator=g) * 0.1]
+    cpu[0][:20_000] = 0.0625  # a tie
+    cuda = [t.cuda() for t in cpu]
+    for s in (0.1, 0.5, 0.9, 0.999):
+        t = select_threshold(cuda, s)
+        assert t.device.type == "cuda" and _bits(t.cpu()) == _bits(select_threshold(cpu, s)), s
+    assert calls == []  # no sort: the buckets were narrowed on the device
