@@ -9,17 +9,17 @@ traceback; a collective that hangs is cut off by the group's timeout.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import socket
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -66,23 +66,11 @@ def launch(fn: Callable[[int, int], Any], world: int = 2) -> list[Any]:
     has one: these are CPU runs, and with a GPU in view FSDP2's default mesh, a
     ``device="auto"`` and the N processes sharing one GPU would make them GPU runs.
     """
-    with tempfile.TemporaryDirectory() as out, _no_gpu_for_children():
+    # the children inherit the variable; this process only waits for them meanwhile
+    no_gpu = mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": ""})
+    with tempfile.TemporaryDirectory() as out, no_gpu:
         mp.spawn(_entry, args=(world, free_port(), out, fn), nprocs=world, join=True)
         return [pickle.loads(Path(out, f"rank{r}.pkl").read_bytes()) for r in range(world)]
-
-
-@contextlib.contextmanager
-def _no_gpu_for_children() -> Iterator[None]:
-    """Processes started inside the block see no CUDA device (this one is unaffected)."""
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 def recorded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
