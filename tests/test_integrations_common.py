@@ -227,3 +227,5 @@ def test_a_missing_framework_is_named_with_its_install(
     message = str(caught.value)
     assert f"feather_sparse.integrations.{module} needs {framework}" in message
     assert f"install it with: pip install 'feather-sparse[{extra}]'" in message
+    # by this name a caller (the API test's import of every module) tells which package is missing
+    assert caught.value.name == framework

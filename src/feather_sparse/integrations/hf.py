@@ -51,7 +51,8 @@ try:
 except ImportError as err:
     raise ImportError(
         f"feather_sparse.integrations.hf needs transformers ({err}); "
-        "install it with: pip install 'feather-sparse[hf]'"
+        "install it with: pip install 'feather-sparse[hf]'",
+        name="transformers",  # what failed to import, as ModuleNotFoundError's name says
     ) from err
 
 from feather_sparse.integrations._common import DrivenCallback

@@ -89,7 +89,8 @@ try:
 except ImportError as err:
     raise ImportError(
         f"feather_sparse.integrations.lightning needs lightning ({err}); "
-        "install it with: pip install 'feather-sparse[lightning]'"
+        "install it with: pip install 'feather-sparse[lightning]'",
+        name="lightning",  # what failed to import, as ModuleNotFoundError's name says
     ) from err
 
 from feather_sparse.integrations._common import DrivenCallback
