@@ -1,9 +1,12 @@
-"""What ``train()`` changes in the process is given back when it returns or fails."""
+"""What ``train()`` changes in the process (settings, random state) is given back when it
+returns or fails."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -48,3 +51,32 @@ def test_train_gives_back_the_process_settings(
         train(config, tmp_path / "run", progress=False)
     assert _settings() == before
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def _draws() -> tuple[float, float, float]:
+    """The next number of Python's, numpy's and torch's global generators (drawn)."""
+    return random.random(), float(np.random.rand()), torch.rand(()).item()
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_train_gives_back_the_random_state(tmp_path: Path, fails: bool) -> None:
+    # A search script drawing each trial's settings between runs: after a run that
+    # seeded the generators (seed 0), its next draws must not restart from that seed.
+    random.seed(7)
+    np.random.seed(7)
+    torch.manual_seed(7)
+    expected = _draws()
+    random.seed(7)
+    np.random.seed(7)
+    torch.manual_seed(7)
+    config = tiny_config(SMALL, epochs=1)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("stopped by the callback")
+
+    if fails:
+        with pytest.raises(RuntimeError, match="stopped by the callback"):
+            train(config, tmp_path / "run", callbacks=[broken], progress=False)
+    else:
+        train(config, tmp_path / "run", progress=False)
+    assert _draws() == expected

@@ -12,10 +12,11 @@ and the data loaders shuffle as a pure function of ``(seed, epoch)``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,32 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+@contextlib.contextmanager
+def _random_state_kept() -> Iterator[None]:
+    """Give Python's, numpy's and torch's global random states back as they were when the
+    block ends (returns or fails).
+
+    A run seeds them (:func:`_seed_everything`) and draws from them. Left so, every
+    later draw of the process would start again from the run's seed: a search script
+    that picks each trial's learning rate with ``random.uniform`` before ``train()``
+    would pick the same one for every trial after the first. The CUDA generators are
+    given back too where CUDA was initialised before the block (reading them would
+    initialise it in a run on the CPU).
+    """
+    python = random.getstate()
+    numpy = np.random.get_state()
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def _rng_state() -> dict[str, Any]:

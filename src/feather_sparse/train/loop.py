@@ -44,6 +44,7 @@ from feather_sparse.train.checkpoint import (
     _check_resume,
     _check_resume_folder,
     _check_same_run,
+    _random_state_kept,
     checkpoint_path,
     load_checkpoint,
     save_checkpoint,
@@ -742,7 +743,8 @@ def _train_locked(
         _prepare(run_path)
 
     # Settings of the whole process the run changes, given back when it ends: a
-    # notebook's later work must not run on one thread or deterministic kernels.
+    # notebook's later work must not run on one thread or deterministic kernels,
+    # nor draw its random numbers from where the run's seed left them.
     threads = torch.get_num_threads()
     deterministic = (
         torch.are_deterministic_algorithms_enabled(),
@@ -754,7 +756,7 @@ def _train_locked(
         # elements lose more to thread hand-offs than they gain.
         torch.set_num_threads(config.threads)
     try:
-        with _run_logging(run_path if ctx.is_main else None):
+        with _random_state_kept(), _run_logging(run_path if ctx.is_main else None):
             if latest is not None and latest.problem is not None and ctx.is_main:
                 _fall_back(run_path, latest, set_aside=True)  # said once, and in train.log
             return _train(
