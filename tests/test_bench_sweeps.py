@@ -238,7 +238,7 @@ def test_plan_prints_the_runs_and_trains_nothing(
     monkeypatch.setattr(feather_sparse.train, "train", no_training)
     out = tmp_path / "out"
     argv = ["bench", "operator", "--quick", "--plan", "--jobs", "1", "--out", str(out)]
-    assert cli.main(argv) == 0
+    assert cli.main([*argv, *SMALL_FLAGS]) == 0
     printed = capsys.readouterr().out
     assert (
         printed.strip() == "operator: 3 distinct runs, 0 stored, 3 to train in 1 process × 1 thread"
