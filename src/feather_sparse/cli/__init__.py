@@ -13,10 +13,11 @@ their typed configs and calls them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 
 from feather_sparse._version import __version__
@@ -105,14 +106,13 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.verbose += getattr(args, "command_verbose", 0)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if args.command is None:
         parser.print_help()
         return 2
     run: Callable[[str, argparse.Namespace], int] = COMMANDS[args.command][0].run
     try:
-        return int(run(args.command, args))
+        with _root_logging(logging.WARNING - 10 * min(args.verbose, 2)):
+            return int(run(args.command, args))
     except BrokenPipeError:
         raise  # the reader of stdout went away: no error of the command (see main)
     except (ValueError, OSError, RuntimeError, ImportError) as err:
@@ -124,6 +124,33 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         print(f"feather-sparse {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 1
+
+
+@contextlib.contextmanager
+def _root_logging(level: int) -> Iterator[None]:
+    """Log records of ``level`` and above to stderr for the block, as ``logging.basicConfig``
+    would, where the root logger has no handler yet; then take the handler and level back.
+
+    ``main()`` called again in the same process (a notebook, a script running several
+    commands) gets the verbosity it asks for each time: ``basicConfig`` acts only once
+    per process, so the first call's level held for every later one (a later ``-v``
+    showed nothing), and the root logger went on printing other libraries' records.
+    A root logger configured by the caller is left as it is.
+    """
+    root = logging.getLogger()
+    if root.handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    previous = root.level
+    root.addHandler(handler)
+    root.setLevel(level)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
 
 
 def _one_line(err: BaseException) -> str:
