@@ -151,3 +151,16 @@ def test_explicit_theta_equal_to_the_automatic_one_is_the_same_run(tmp_path: Pat
     assert opts.sparsity_grid(()) == (0.95,)  # the automatic θ is 0.5 there
     assert set(_keys("theta", same)) <= compare
     assert not set(_keys("theta", other)) & compare
+
+
+# ------------------------------------------------------------------- folders
+def test_folders_given_as_strings_are_paths(tmp_path: Path) -> None:
+    """A notebook's ``BenchOptions(out="results")``: the same folders as with Paths, and a
+    file in the way still refused by name (it failed with AttributeError: 'str' object has
+    no attribute 'parents')."""
+    opts = BenchOptions(out=str(tmp_path / "out"), runs_dir=str(tmp_path / "runs"))  # type: ignore[arg-type]
+    assert opts.out == tmp_path / "out" and opts.runs_dir == tmp_path / "runs"
+    assert opts == BenchOptions(out=tmp_path / "out", runs_dir=tmp_path / "runs")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"--out .* is an existing file, not a folder"):
+        BenchOptions(out=str(tmp_path / "file"))  # type: ignore[arg-type]

@@ -57,7 +57,7 @@ class BenchOptions:
         jobs: parallel training processes; 0 = automatic (see :meth:`worker_count`).
         threads: torch CPU threads per run (the config field ``threads``);
             ``None`` keeps the recipe's.
-        out: folder of the tables, plots and raw results.
+        out: folder of the tables, plots and raw results (a path or a string).
         runs_dir: folder of the per-run outputs; default ``out/runs``.
         force: re-run runs that already have a result.
         command: the command line to print under the tables (default: rebuilt
@@ -132,6 +132,10 @@ class BenchOptions:
             )
         if self.jobs < 0:
             raise ValueError(f"jobs must be >= 0 (0 = automatic), got {self.jobs}")
+        for name in ("out", "runs_dir"):  # a string (a notebook's "results") names a folder too
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
         for flag, folder in (("out", self.out), ("runs-dir", self.runs_dir)):
             _check_folder(flag, folder)
         if self.threads is not None and self.threads < 1:
