@@ -401,3 +401,13 @@ class DrivenCallback:
     def final_sparsity(self) -> float | None:
         """The sparsity reached by finalize (None until training ends)."""
         return self._driver.final_sparsity
+
+
+def framework_missing(module: str, framework: str, extra: str, err: ImportError) -> ImportError:
+    """The error of an integration module whose framework does not import: it names the
+    framework (also as ``name``, as ``ModuleNotFoundError`` does) and the extra to install."""
+    return ImportError(
+        f"{module} needs {framework} ({err}); "
+        f"install it with: pip install 'feather-sparse[{extra}]'",
+        name=framework,
+    )

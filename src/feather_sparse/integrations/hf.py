@@ -45,17 +45,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from feather_sparse.integrations._common import DrivenCallback, framework_missing
+
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 except ImportError as err:
-    raise ImportError(
-        f"feather_sparse.integrations.hf needs transformers ({err}); "
-        "install it with: pip install 'feather-sparse[hf]'",
-        name="transformers",  # what failed to import, as ModuleNotFoundError's name says
-    ) from err
+    raise framework_missing(__name__, "transformers", "hf", err) from err
 
-from feather_sparse.integrations._common import DrivenCallback
 from feather_sparse.run_files import load_torch_bytes
 
 __all__ = ["PRUNER_STATE_NAME", "FeatherCallback"]

@@ -83,17 +83,13 @@ import logging
 import math
 from typing import Any
 
+from feather_sparse.integrations._common import DrivenCallback, framework_missing
+
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.trainer.states import TrainerFn
 except ImportError as err:
-    raise ImportError(
-        f"feather_sparse.integrations.lightning needs lightning ({err}); "
-        "install it with: pip install 'feather-sparse[lightning]'",
-        name="lightning",  # what failed to import, as ModuleNotFoundError's name says
-    ) from err
-
-from feather_sparse.integrations._common import DrivenCallback
+    raise framework_missing(__name__, "lightning", "lightning", err) from err
 
 __all__ = ["FeatherCallback"]
 
