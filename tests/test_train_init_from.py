@@ -80,12 +80,14 @@ def test_without_init_from_the_run_is_as_before(tmp_path: Path) -> None:
 
 
 @guard(
-    "`--init-from` naming nothing, a folder without `model.fsp` (an unfinished run), a "
-    "training checkpoint, or another kind of file",
+    "`--init-from` naming nothing, a folder without `model.fsp` (an unfinished run, or one "
+    "that saved `model.pt` where safetensors was missing), a training checkpoint, or "
+    "another kind of file",
     "CLI exit 1 before the data loads with one line naming the path and what to give "
-    "(the `feather-sparse export` command for a checkpoint or an unfinished run)",
+    "(the `feather-sparse export` command for a checkpoint or an unfinished run; the "
+    "safetensors install for a `model.pt`)",
 )
-@pytest.mark.parametrize("kind", ["missing", "unfinished", "checkpoint", "text"])
+@pytest.mark.parametrize("kind", ["missing", "unfinished", "plain", "checkpoint", "text"])
 def test_a_wrong_init_from_is_refused_before_training(
     kind: str, dense_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -95,12 +97,18 @@ def test_a_wrong_init_from_is_refused_before_training(
         "unfinished": f"{source} is a folder without a model.fsp (a run that has not finished, "
         f"or not a run folder); export the model of its last checkpoint first (feather-sparse "
         f"export {source}",
+        "plain": f"{source} holds a model.pt, not a model.fsp (its run finished where the "
+        "safetensors package was not installed); install it (pip install "
+        f"'feather-sparse[export]'), export the run (feather-sparse export {source}",
         "checkpoint": f"{source} is a PyTorch checkpoint, not a sparse checkpoint; make one "
         f"with: feather-sparse export {source} -o model.fsp",
         "text": f"{source} is not a readable feather-sparse checkpoint",
     }[kind]
     if kind == "unfinished":
         source.mkdir()
+    elif kind == "plain":
+        source.mkdir()
+        (source / "model.pt").write_bytes(b"")  # only its name is looked at
     elif kind == "checkpoint":
         source.write_bytes(checkpoint_path(dense_run).read_bytes())
     elif kind == "text":

@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from feather_sparse.export.fsp import _load_sparse, inspect_sparse
-from feather_sparse.run_files import MODEL_NAME
+from feather_sparse.run_files import MODEL_NAME, PLAIN_MODEL_NAME
 
 __all__ = ["load_init", "resolve_init"]
 
@@ -39,6 +39,13 @@ def resolve_init(source: str) -> Path:
     path = Path(source).expanduser()
     if path.is_dir():
         model = path / MODEL_NAME
+        if not model.is_file() and (path / PLAIN_MODEL_NAME).is_file():
+            raise FileNotFoundError(
+                f"init_from: {path} holds a {PLAIN_MODEL_NAME}, not a {MODEL_NAME} (its run "
+                f"finished where the safetensors package was not installed); install it "
+                f"(pip install 'feather-sparse[export]'), export the run (feather-sparse "
+                f"export {path} -o {path / 'start.fsp'}) and give that file"
+            )
         if not model.is_file():
             raise FileNotFoundError(
                 f"init_from: {path} is a folder without a {MODEL_NAME} (a run that has not "
