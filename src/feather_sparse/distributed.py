@@ -446,7 +446,8 @@ def check_same_settings(
     digests = [_digest(settings[name]) for name in names]
     both = torch.tensor(digests + [-d for d in digests], dtype=torch.long, device=device)
     dist.all_reduce(both, op=dist.ReduceOp.MIN, group=group)
-    least, neg_greatest = both.tolist()[: len(names)], both.tolist()[len(names) :]
+    reduced = both.tolist()  # one read from the device
+    least, neg_greatest = reduced[: len(names)], reduced[len(names) :]
     differ = [n for n, lo, neg_hi in zip(names, least, neg_greatest) if lo != -neg_hi]
     if not differ:
         return
