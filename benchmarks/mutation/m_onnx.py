@@ -65,8 +65,8 @@ MUTATIONS = [
     dict(
         id="onx05",
         desc="with onnxscript, the highest opset read from the legacy exporter's constant (20)",
-        old='return "dynamo", int(getattr(constants, "ONNX_MAX_OPSET", _DYNAMO_MAX_OPSET))',
-        new='return "dynamo", int(\n        getattr(constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", _LEGACY_MAX_OPSET)\n    )',
+        old='return "dynamo", _newest_opset("dynamo")',
+        new='return "dynamo", _newest_opset("legacy")',
         tests=ONNX_TESTS,
     ),
     dict(

@@ -56,14 +56,19 @@ _LEGACY_MIN_OPSET = 7
 
 def _onnx_exporter() -> tuple[str, int]:
     """Which torch ONNX exporter works offline here, and its highest opset."""
-    constants = importlib.import_module("torch.onnx._constants")
     try:
         importlib.import_module("onnxscript")
     except ImportError:
-        return "legacy", int(
-            getattr(constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", _LEGACY_MAX_OPSET)
-        )
-    return "dynamo", int(getattr(constants, "ONNX_MAX_OPSET", _DYNAMO_MAX_OPSET))
+        return "legacy", _newest_opset("legacy")
+    return "dynamo", _newest_opset("dynamo")
+
+
+def _newest_opset(exporter: str) -> int:
+    """The highest opset ``exporter`` (``"legacy"`` or ``"dynamo"``) writes with this torch."""
+    constants = importlib.import_module("torch.onnx._constants")
+    if exporter == "dynamo":
+        return int(getattr(constants, "ONNX_MAX_OPSET", _DYNAMO_MAX_OPSET))
+    return int(getattr(constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", _LEGACY_MAX_OPSET))
 
 
 def _oldest_opset(exporter: str) -> int:
@@ -86,9 +91,7 @@ def _onnxscript_remedy(onnx: Any, exporter: str, opset: int, newest: int) -> str
     """
     if exporter != "legacy":
         return ""
-    constants = importlib.import_module("torch.onnx._constants")
-    dynamo_max = int(getattr(constants, "ONNX_MAX_OPSET", _DYNAMO_MAX_OPSET))
-    highest = min(int(onnx.defs.onnx_opset_version()), dynamo_max)
+    highest = min(int(onnx.defs.onnx_opset_version()), _newest_opset("dynamo"))
     if opset > highest:
         return ""
     return (
