@@ -349,7 +349,7 @@ class NMBackbone(Backbone):
                 # keeps a new tensor for the backward; a large layer's Function
                 # node costs less than that (and its forward is a view of the cache)
                 plain = theta == 1.0 and self.decay == 0.0 and self._beta is None
-                if plain and fused.eligible[index]:
+                if plain and fused.eligible[index] and weight.numel() <= _fused.JOIN_MAX_NUMEL:
                     return _straight_through(pre[0], weight)
                 out: Tensor = apply_function(
                     _NMThresholdSTE,

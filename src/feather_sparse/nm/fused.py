@@ -2,9 +2,10 @@
 
 Each N:M forward is a few dozen small kernels (the per-group selection,
 the operator's arithmetic). On a model of many small layers — the bundled
-MLP-Mixer has 14 Linear weights of at most 16,384 entries — their fixed cost
-weighs more than the arithmetic, and with gradient accumulation every
-micro-batch would recompute the same pruned weights.
+MLP-Mixer has 14 Linear weights of at most 16,384 entries, the bundled CNN
+four 2:4 layers of 2,560 to 98,304 — their fixed cost weighs as much as the
+arithmetic, and with gradient accumulation every micro-batch would
+recompute the same pruned weights.
 :class:`FusedNMForward` computes every small layer's ``P_T(w)`` in one pass
 over the concatenated weights instead, the first time one of them is needed
 after the weights changed, and hands each layer its slice. Measured
@@ -12,9 +13,13 @@ after the weights changed, and hands each layer its slice. Measured
 1.12–1.15× the dense step against 1.19–1.22× layer by layer with one batch
 per step, 1.18–1.21× against 1.54–1.56× with 4 micro-batches; the cache of
 layers computed alone (below) took the CNN with 4 micro-batches from
-1.37–1.38× to 1.15–1.20×. A small layer's cached forward with θ = 1 reaches the layer
-through two built-in autograd nodes instead of a Python Function (see
-``nm.backbone._straight_through``).
+1.37–1.38× to 1.15–1.20×. Fusing the CNN's four layers too (the limit
+raised from 16,384 to 131,072 weights) took 0.41 ms (95 % interval 0.30 to
+0.50) off its forward with one batch per step (``bench_nm_phases.py``).
+A layer of at most :data:`JOIN_MAX_NUMEL` weights takes its cached forward
+with θ = 1 through two built-in autograd nodes instead of a Python Function
+(see ``nm.backbone._straight_through``); a larger one through the Function,
+whose fixed cost is less than the join's two passes over its weight.
 
 Exactness. A layer's slice is used only while the layer's weight is, bit
 for bit, the weight the slice was computed from (compared at each use, one
@@ -33,8 +38,8 @@ its vectorised loop and the other in its scalar tail (none, when every
 layer's size is a multiple of 64).
 
 Layers computed alone. Weights over :data:`FUSE_MAX_NUMEL` are not fused
-(their kernels are long enough: fusing the bundled CNN's convolutions,
-24,576 to 98,304 weights, showed no gain), and with one forward per
+(their kernels are long enough that a launch costs little, and the cache
+would keep a copy of each between steps), and with one forward per
 optimizer step they are computed at every forward with nothing kept. When a
 layer's forward comes again before its weight changed — gradient
 accumulation, several evaluation batches — its ``P_T(w)`` is cached alone,
@@ -72,12 +77,18 @@ from torch import Tensor, nn
 
 from feather_sparse.nm.operator import NMPattern, _nm_forward
 
-__all__ = ["CACHE_ALONE", "FUSE_MAX_NUMEL", "FusedNMForward"]
+__all__ = ["CACHE_ALONE", "FUSE_MAX_NUMEL", "JOIN_MAX_NUMEL", "FusedNMForward"]
 
 #: Weights with more entries than this are computed layer by layer (their
 #: kernels are long enough that a launch costs little). Read when a Pruner
 #: attaches: set it to 0 beforehand to compute every layer alone.
-FUSE_MAX_NUMEL = 1 << 14
+FUSE_MAX_NUMEL = 1 << 17
+
+#: Layers of at most this many weights take a cached forward through two
+#: built-in autograd nodes (``nm.backbone._straight_through``); a larger one
+#: through the operator's Function node, whose fixed cost is less than the
+#: join's two passes over the weight.
+JOIN_MAX_NUMEL = 1 << 14
 
 #: Cache the forward of a layer computed alone while its forwards repeat
 #: between weight updates (see the module docstring). Read when a Pruner
