@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -45,15 +46,16 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def compare(
+def timings(
     fns: dict[str, Callable[[], object]],
     repeats: int = 7,
     warmup: int = 2,
     device: torch.device | None = None,
-) -> dict[str, float]:
-    """Median seconds of each function, measured interleaved. On a CUDA ``device``
-    each timing starts and ends with the device idle, so that it counts the
-    kernels a call queued and not only their launch."""
+) -> dict[str, list[float]]:
+    """Seconds of each call of each function, measured interleaved round-robin
+    (sample ``i`` of every function comes from the same round). On a CUDA
+    ``device`` each timing starts and ends with the device idle, so that it
+    counts the kernels a call queued and not only their launch."""
     if device is not None and device.type == "cuda":
 
         def sync() -> None:
@@ -74,7 +76,35 @@ def compare(
             fn()
             sync()
             times[name].append(time.perf_counter() - start)
+    return times
+
+
+def compare(
+    fns: dict[str, Callable[[], object]],
+    repeats: int = 7,
+    warmup: int = 2,
+    device: torch.device | None = None,
+) -> dict[str, float]:
+    """Median seconds of each function, measured interleaved (see :func:`timings`)."""
+    times = timings(fns, repeats, warmup, device)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def paired_median_difference(
+    a: list[float], b: list[float], boots: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """The median of the per-round differences ``a[i] − b[i]`` and its 95 %
+    percentile-bootstrap interval: a claim that ``a`` is faster needs the
+    whole interval below zero. The rounds pair the samples of :func:`timings`,
+    so a slow patch of the machine that hits both cancels out."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(
+            f"need two equally long series of at least 2 rounds, got {len(a)} and {len(b)}"
+        )
+    diffs = [x - y for x, y in zip(a, b)]
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(diffs, k=len(diffs))) for _ in range(boots))
+    return statistics.median(diffs), medians[int(0.025 * boots)], medians[int(0.975 * boots) - 1]
 
 
 def train_step(

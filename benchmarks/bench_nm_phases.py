@@ -5,7 +5,10 @@ same step separately — the forward (with ``zero_grad`` and the loss), the
 backward, the SGD step and ``pruner.step()`` — for the dense model, a
 ``w · 1`` parametrization on the pruned layers, the 2:4 Pruner with its
 operator replaced by a copy (all the machinery, no arithmetic) and the 2:4
-Pruner (Feather, p = 3, θ = 1), interleaved round-robin, medians per phase.
+Pruner (Feather, p = 3, θ = 1), the same with every layer's forward computed
+alone (``nm.fused`` off), interleaved round-robin, medians per phase; then
+the forward phase of the default 2:4 step minus the layer-by-layer one, per
+round, with a 95 % bootstrap interval.
 A last column calls ``pruner.step()`` a second time right after the first:
 the same work, with the code and data it touches still in the caches, so
 the difference between the two columns is what a step's cold caches add.
@@ -26,10 +29,11 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 import feather_sparse as fs
-from _timing import machine
-from bench_nm_step import EXCLUDE, TimesOne, batch, copying, fresh
+from _timing import machine, paired_median_difference
+from bench_nm_step import EXCLUDE, TimesOne, batch, copying, fresh, layer_by_layer
 
 COPY = "2:4, operator replaced by a copy"
+ALONE = "2:4 feather θ=1, layer by layer"
 PHASES = ("forward", "backward", "optimizer", "pruner.step()", "pruner.step() again")
 
 
@@ -40,6 +44,9 @@ def timed_step(name: str, variant: str) -> Callable[[], tuple[float, ...]]:
     if variant == "parametrization w·1":
         for t in fs.Pruner(fresh(name), pattern="2:4", exclude=EXCLUDE[name]).targets:
             parametrize.register_parametrization(model.get_submodule(t.name), "weight", TimesOne())
+    elif variant == ALONE:
+        with layer_by_layer():
+            pruner = fs.Pruner(model, pattern="2:4", exclude=EXCLUDE[name])
     elif variant != "dense":
         pruner = fs.Pruner(model, pattern="2:4", exclude=EXCLUDE[name])
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -80,7 +87,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["mnist1d_cnn", "mnist1d_mlpmixer"])
     parser.add_argument("--repeats", type=int, default=61)
     args = parser.parse_args()
-    variants = ["dense", "parametrization w·1", COPY, "2:4 feather θ=1"]
+    variants = ["dense", "parametrization w·1", COPY, "2:4 feather θ=1", ALONE]
+    forward_gain = []
     print(machine())
     print()
     print("median ms per phase (in brackets: minus dense)")
@@ -100,6 +108,15 @@ def main() -> None:
         for v in variants:
             cells = [f"{m * 1e3:.3f} ({(m - d) * 1e3:+.3f})" for m, d in zip(med[v], med["dense"])]
             print(f"| {name} | {v} | " + " | ".join(cells) + " |")
+        forward = {v: [t[0] for t in ts] for v, ts in times.items()}
+        forward_gain.append(
+            (name, *paired_median_difference(forward["2:4 feather θ=1"], forward[ALONE]))
+        )
+    print()
+    print("forward phase, 2:4 feather θ=1 minus layer by layer, per round (ms; 95 % bootstrap):")
+    print()
+    for name, mid, lo, hi in forward_gain:
+        print(f"- {name}: {mid * 1e3:+.3f} ({lo * 1e3:+.3f} to {hi * 1e3:+.3f})")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import statistics
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -35,7 +36,14 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 import feather_sparse as fs
-from _timing import add_device_argument, compare, machine, resolve_device, train_step
+from _timing import (
+    add_device_argument,
+    machine,
+    paired_median_difference,
+    resolve_device,
+    timings,
+    train_step,
+)
 from feather_sparse.nm import fused, operator
 from feather_sparse.nm.operator import NMPattern
 
@@ -184,6 +192,12 @@ def main() -> None:
         help="also time reference steps: the hard mask (p=inf), the operator replaced by a copy, "
         "a w*1 parametrization and an identity parametrization",
     )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="also print, per model, the median per-round difference between the default 2:4 "
+        "step and the layer-by-layer one, with a 95%% bootstrap interval",
+    )
     add_device_argument(parser)
     args = parser.parse_args()
     global DEVICE
@@ -192,6 +206,7 @@ def main() -> None:
     print()
     print("| model | micro-batches | variant | median step (ms) | × dense |")
     print("|---|---:|---|---:|---:|")
+    paired = []
     for name in args.models:
         for micro in args.micro:
             steps = variants(name, micro)
@@ -199,10 +214,24 @@ def main() -> None:
                 steps |= floors(name, micro)
             if args.compile:
                 steps |= compiled(name, micro)
-            times = compare(steps, repeats=args.repeats, warmup=3, device=DEVICE)
+            samples = timings(steps, repeats=args.repeats, warmup=3, device=DEVICE)
+            times = {variant: statistics.median(ts) for variant, ts in samples.items()}
             for variant, t in times.items():
                 base = times["compiled: dense" if variant.startswith("compiled") else "dense"]
                 print(f"| {name} | {micro} | {variant} | {t * 1e3:.2f} | {t / base:.2f} |")
+            if args.paired:
+                diff = paired_median_difference(
+                    samples["2:4 feather θ=1"], samples["2:4 feather θ=1, layer by layer"]
+                )
+                paired.append((name, micro, *diff))
+    if paired:
+        print()
+        print("2:4 feather θ=1 minus layer by layer, per round (ms; 95 % bootstrap interval):")
+        print()
+        print("| model | micro-batches | median difference | interval |")
+        print("|---|---:|---:|---|")
+        for name, micro, mid, lo, hi in paired:
+            print(f"| {name} | {micro} | {mid * 1e3:+.2f} | {lo * 1e3:+.2f} to {hi * 1e3:+.2f} |")
 
 
 if __name__ == "__main__":

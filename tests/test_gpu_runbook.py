@@ -124,6 +124,19 @@ def test_compare_times_each_function_on_the_device(timing: ModuleType) -> None:
     assert "threads" in timing.machine(torch.device("cpu"))
 
 
+def test_paired_difference_pairs_rounds_and_its_interval_brackets_the_median(
+    timing: ModuleType,
+) -> None:
+    slow = [1.0, 5.0, 2.0, 9.0, 3.0, 4.0, 8.0, 2.5]  # drifting rounds, a constant 0.5 apart
+    mid, lo, hi = timing.paired_median_difference([t - 0.5 for t in slow], slow)
+    assert mid == lo == hi == pytest.approx(-0.5)  # the drift cancels within a round
+    mixed = [0.1, -0.3, 0.2, -0.1, 0.4, -0.2, 0.0, 0.3, -0.4, 0.1]
+    mid, lo, hi = timing.paired_median_difference(mixed, [0.0] * len(mixed))
+    assert lo < 0 < hi and lo <= mid <= hi  # no claim either way
+    with pytest.raises(ValueError, match="equally long"):
+        timing.paired_median_difference([1.0, 2.0], [1.0])
+
+
 def test_selection_benchmark_runs_on_the_named_device(tmp_path: Path) -> None:
     script = ROOT / "benchmarks" / "bench_selection.py"
     done = subprocess.run(
