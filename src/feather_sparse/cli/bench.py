@@ -6,9 +6,9 @@ import argparse
 import shlex
 import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from feather_sparse._text import count
 from feather_sparse.bench import (
@@ -33,32 +33,34 @@ from feather_sparse.recipes import list_recipes, parse_override
 __all__ = ["add_arguments", "options_from_args", "run"]
 
 
-def _floats(text: str) -> tuple[float, ...]:
+_T = TypeVar("_T")
+
+
+def _comma_list(text: str, convert: Callable[[str], _T], noun: str) -> tuple[_T, ...]:
+    """``text``'s comma-separated values, each through ``convert``; ``noun`` names one in errors.
+
+    Raises:
+        argparse.ArgumentTypeError: for a value ``convert`` refuses, or no value at all.
+    """
     try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
+        values = tuple(convert(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected numbers separated by commas, got {text!r}"
+            f"expected {noun}s separated by commas, got {text!r}"
         ) from None
     if not values:  # an empty list would mean the default grid: say so instead
         raise argparse.ArgumentTypeError(
-            "expected at least one number; leave the flag out for the default"
+            f"expected at least one {noun}; leave the flag out for the default"
         )
     return values
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return _comma_list(text, float, "number")
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected integers separated by commas, got {text!r}"
-        ) from None
-    if not values:
-        raise argparse.ArgumentTypeError(
-            "expected at least one integer; leave the flag out for the default"
-        )
-    return values
+    return _comma_list(text, int, "integer")
 
 
 def _takers(field: str) -> str:
