@@ -36,18 +36,13 @@ MUTATIONS = [
     ),
     dict(
         id="md03",
-        desc="BasicBlock: option-B shortcut without its batch norm",
-        old="""                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(out_channels),
-            )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        \"\"\"The block's output, ``(N, out_channels, H / stride, W / stride)``.""",
-        new="""                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-            )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        \"\"\"The block's output, ``(N, out_channels, H / stride, W / stride)``.""",
+        file=LY,
+        desc="residual_shortcut: option-B shortcut without its batch norm (BasicBlock, Bottleneck)",
+        old="""            nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+            nn.BatchNorm2d(out_channels),
+        )""",
+        new="""            nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+        )""",
     ),
     dict(
         id="md04",
@@ -141,8 +136,8 @@ MUTATIONS = [
     ),
     dict(
         id="md17",
-        file=R50,
-        desc="Bottleneck: projection shortcut without its stride (spatial mismatch)",
+        file=LY,
+        desc="residual_shortcut: projection without its stride (spatial mismatch; both blocks)",
         old="nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),",
         new="nn.Conv2d(in_channels, out_channels, 1, bias=False),",
     ),

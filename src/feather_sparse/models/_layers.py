@@ -1,4 +1,5 @@
-"""Helpers shared by the model families: the standard weight initialisation, size checks.
+"""Helpers shared by the model families: the standard weight initialisation, size checks,
+the residual shortcut.
 
 Every model here is built from ordinary ``nn.Conv*``, ``nn.Linear`` and
 ``nn.BatchNorm*`` modules (the pruner attaches to their ``weight`` through
@@ -26,7 +27,7 @@ from torch import nn
 
 from feather_sparse.rules import as_int
 
-__all__ = ["init_weights", "positive_int", "positive_multiplier"]
+__all__ = ["init_weights", "positive_int", "positive_multiplier", "residual_shortcut"]
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
@@ -99,3 +100,20 @@ def init_weights(model: nn.Module, classifier: nn.Linear | None = None) -> None:
         elif isinstance(module, _NORMS) and module.affine:
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+
+
+def residual_shortcut(in_channels: int, out_channels: int, stride: int) -> nn.Module:
+    """A residual block's shortcut: the identity, or where the shape changes a
+    1x1 strided conv followed by batch norm (He et al.'s option B).
+
+    Args:
+        in_channels: channels of the block's input.
+        out_channels: channels of the block's output.
+        stride: the block's stride.
+    """
+    if stride != 1 or in_channels != out_channels:
+        return nn.Sequential(
+            nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+            nn.BatchNorm2d(out_channels),
+        )
+    return nn.Identity()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from feather_sparse.models._layers import init_weights
+from feather_sparse.models._layers import init_weights, residual_shortcut
 from feather_sparse.models._registry import register_model
 
 __all__ = ["Bottleneck", "ResNet", "resnet50"]
@@ -46,12 +46,7 @@ class Bottleneck(nn.Module):
         self.conv3 = nn.Conv2d(width, out_channels, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(out_channels)
         self.relu = nn.ReLU(inplace=True)
-        self.downsample: nn.Module = nn.Identity()
-        if stride != 1 or in_channels != out_channels:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(out_channels),
-            )
+        self.downsample = residual_shortcut(in_channels, out_channels, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The block's output, ``(N, 4 · width, H / stride, W / stride)``.

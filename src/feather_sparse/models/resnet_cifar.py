@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from feather_sparse.models._layers import init_weights, positive_int
+from feather_sparse.models._layers import init_weights, positive_int, residual_shortcut
 from feather_sparse.models._registry import register_model
 
 __all__ = ["BasicBlock", "CifarResNet", "resnet20"]
@@ -44,13 +44,8 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(out_channels)
         self.relu = nn.ReLU(inplace=True)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or in_channels != out_channels:
-            # option B: a learned projection where the shape changes
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(out_channels),
-            )
+        # option B: a learned projection where the shape changes
+        self.shortcut = residual_shortcut(in_channels, out_channels, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The block's output, ``(N, out_channels, H / stride, W / stride)``.
