@@ -25,6 +25,7 @@ types it returns: its settings and their checks are in
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import math
@@ -110,6 +111,10 @@ class FeatherParametrization(nn.Module):
     """
 
     threshold: Tensor
+    #: Set by :meth:`Pruner.swapped` while the stored weight holds ``P_T(w)`` itself:
+    #: the forward is then the stored weight (a class default: pickles from before it
+    #: have no instance value).
+    passthrough: bool = False
 
     def __init__(
         self,
@@ -129,6 +134,8 @@ class FeatherParametrization(nn.Module):
         self.cache = OutputCache()
 
     def forward(self, weight: Tensor) -> Tensor:
+        if self.passthrough:  # inside Pruner.swapped(): the stored weight is P_T(w)
+            return weight
         # A sharded weight (FSDP2, outside its forward) is a DTensor. The exact-type
         # tests cost ~15 ns where isinstance(weight, DTensor) costs ~70, and the
         # compiler folds them (no guard, no graph break).
@@ -883,6 +890,7 @@ class Pruner:
         self.tied = tied
         self._step = 0
         self._ended: _Ended | None = None  # set by finalize() or remove()
+        self._swap: bool | None = None  # True inside swapped()
         self._warned_collapse: set[str] = set()
         _check_backbone_free(self.backbone)
         self.backbone.setup(targets)
@@ -1235,12 +1243,7 @@ class Pruner:
     @torch.no_grad()
     def _write_thresholds(self, thresholds: Sequence[Tensor]) -> None:
         # same device as the weight: no host round trip; one call for all buffers
-        buffers = self._buffers()
-        if _FOREACH_COPY is not None:
-            _FOREACH_COPY(buffers, list(thresholds))
-            return
-        for buf, value in zip(buffers, thresholds):
-            buf.copy_(value)
+        _copy_each(self._buffers(), list(thresholds))
 
     def step(self) -> None:
         """Advance one training step; call after ``optimizer.step()``.
@@ -1281,6 +1284,33 @@ class Pruner:
         if reg is None:
             return torch.zeros((), device=self.targets[0].weight.device)
         return reg
+
+    def swapped(self) -> contextlib.AbstractContextManager[bool]:
+        """A block for one step's forwards and backwards on ``P_T(w)`` written into the
+        stored weights: the same gradients as the usual step, fewer operations per layer.
+
+        ::
+
+            with pruner.swapped():
+                loss_fn(model(x), y).backward()
+            optimizer.step()
+            pruner.step()
+
+        Yields whether the weights were swapped; where the gradient is not the
+        identity (θ < 1, SR-STE's decay, ASL+, Spartan, ST-3) or the weights
+        cannot be written whole (sharded, non-contiguous), the block runs the
+        usual step and yields False. Inside it the stored weights hold
+        ``P_T(w)``; the dense ones are written back when it ends. See
+        :mod:`feather_sparse.swap`.
+
+        Raises:
+            RuntimeError: if nested, if the Pruner was finalized or removed, or
+                if a stored weight was written inside the block (an optimizer
+                step there; the weights of before the block are restored).
+        """
+        from feather_sparse.swap import swapped  # here: swap imports this module
+
+        return swapped(self)
 
     # ------------------------------------------------------------------ ending
     @torch.no_grad()
@@ -1404,6 +1434,11 @@ class Pruner:
             RuntimeError: naming ``call``, what finalize or remove did, what can
                 still be asked, and ``hint`` (what to do instead).
         """
+        if self._swap is not None:
+            raise RuntimeError(
+                f"{call} is refused inside pruner.swapped(): until the block ends the stored "
+                "weights hold the pruned values, not the dense ones; call it after the block"
+            )
         if self._ended is None:
             if call != "remove()":  # remove() gives back what it can: the way out
                 self._check_in_model(call)
@@ -1665,6 +1700,7 @@ class Pruner:
         # both) drives the copied parametrizations: a new Pruner there is refused as
         # a second Pruner, not as a copy of an attached model.
         self.__dict__.update(state)
+        self._swap = None  # a copy is not inside its original's swapped() block
         if "targets" in state and state.get("_ended") is None:
             for t in self.parametrized_layers():
                 plist: Any = t.parametrizations()
@@ -1799,6 +1835,15 @@ _STATE_CONFIG_KEYS = (
 
 #: ``torch._foreach_copy_`` (one call copying every layer's threshold), where this torch has it.
 _FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
+
+
+def _copy_each(into: Sequence[Tensor], values: Sequence[Tensor]) -> None:
+    """``into[i].copy_(values[i])`` for every ``i``, in one call where torch has it."""
+    if _FOREACH_COPY is not None:
+        _FOREACH_COPY(list(into), list(values))
+        return
+    for buf, value in zip(into, values):
+        buf.copy_(value)
 
 
 def _abs_max_each(weights: Sequence[Tensor]) -> Tensor:

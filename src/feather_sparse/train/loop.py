@@ -172,13 +172,16 @@ def _train_epoch(s: _Session, progress: bool) -> tuple[float, float]:
     bar = _Progress(s.steps_per_epoch, f"epoch {s.epoch + 1}/{config.epochs}", progress)
     try:
         for i, (x, y) in enumerate(s.bundle.train):
-            with s.autocast():
-                out = s.forward_model(x)
-                loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
-            # The backbone's extra loss term (ASL+'s sparsity loss; 0 for global).
-            total = loss if pruner is None else loss + pruner.regularizer()
-            s.optimizer.zero_grad(set_to_none=True)
-            s.scaler.scale(total).backward()
+            # The forward and backward on P_T(w) written into the weights where that
+            # gives the same gradients (θ = 1; see feather_sparse.swap), else as usual.
+            with contextlib.nullcontext() if pruner is None else pruner.swapped():
+                with s.autocast():
+                    out = s.forward_model(x)
+                    loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
+                # The backbone's extra loss term (ASL+'s sparsity loss; 0 for global).
+                total = loss if pruner is None else loss + pruner.regularizer()
+                s.optimizer.zero_grad(set_to_none=True)
+                s.scaler.scale(total).backward()
             if config.grad_clip is not None:
                 s.scaler.unscale_(s.optimizer)
                 torch.nn.utils.clip_grad_norm_(params, config.grad_clip)

@@ -1,0 +1,158 @@
+"""Training steps on the pruned weights written into the stored ones: ``Pruner.swapped()``.
+
+A Pruner computes each layer's forward weight ``P_T(w)`` inside the layer's
+parametrization, at every access, and joins it to the stored weight ``w``
+with an autograd node, so that the gradient reaches ``w`` (scaled by θ on
+the pruned weights). With θ = 1 that node is the identity: the gradient of
+``w`` is the gradient of ``P_T(w)``. So a training step can instead write
+``P_T(w)`` into the stored weights once, run its forwards and backwards on
+the plain layers — no operator, no node per layer and access — and write
+the dense weights back before the optimizer updates them::
+
+    with pruner.swapped():
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+    optimizer.step()
+    pruner.step()
+
+The gradients, hence the training, are bit for bit those of the usual step
+(``tests/test_swap.py``); on a CPU the step is cheaper
+(``benchmarks/bench_nm_step.py``, docs/benchmarks-nm.md): the forward weights
+of every layer are computed once per step, together where the backbone
+computes them together (the N:M backbone's fused pass), and each layer's
+forward and backward meet a plain weight.
+
+Where a step's gradient is not the identity — θ < 1, SR-STE's decay,
+backbones with a forward of their own (ASL+'s learned thresholds, Spartan's
+soft masks), an operator other than ``P_T`` — and where the stored weight
+cannot be written as a whole (sharded FSDP2/DTensor weights, weights not in
+the standard contiguous layout, whose forward weight the layer would meet
+in another layout), inside a ``torch.compile``d or ``torch.func`` call and in
+inference mode, the block runs the usual step: it yields ``False`` and
+changes nothing.
+
+Inside the block the stored weights hold ``P_T(w)``: ``model.state_dict()``
+and code reading ``layer.parametrizations.weight.original`` see the pruned
+values there, and the Pruner refuses ``step()``, ``update()``,
+``finalize()``, its state dicts and ``remove()`` until the block ends. The
+block must hold the forwards and backwards only: the dense weights are
+written back when it ends, so an optimizer step (or any write into a
+stored weight) inside it would be undone — the block then raises, naming
+the layers, with the dense weights of before the block restored. (A write
+is recognised by the weight's version counter, which an optimizer step and
+any in-place operation move; a write through ``.data`` is not seen.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from feather_sparse.nm.backbone import NMBackbone
+from feather_sparse.ops import ThresholdOperator
+from feather_sparse.pruner import FeatherParametrization, Pruner, _copy_each, _overrides
+
+__all__ = ["swap_refusal", "swapped"]
+
+#: Stored weight types written as a whole (a DTensor or a wrapper is not).
+_PLAIN = (Tensor, nn.Parameter)
+
+
+def swap_refusal(pruner: Pruner) -> str | None:
+    """Why ``pruner.swapped()`` would run the usual step, or None where it swaps.
+
+    Args:
+        pruner: an attached Pruner.
+    """
+    backbone = pruner.backbone
+    if not isinstance(pruner.operator, ThresholdOperator):
+        return f"the operator {pruner.operator.name!r} has a backward of its own"
+    if _overrides(backbone, "forward_weight"):
+        # a backbone whose forward is its own: only the N:M one keeps the identity
+        if not isinstance(backbone, NMBackbone):
+            return f"the {backbone.name!r} backbone computes a forward of its own"
+        if backbone.decay != 0.0:
+            return "SR-STE's decay adds to the gradient"
+    layers = [pruner._parametrization(t) for t in pruner.targets]
+    if any(p.theta != 1.0 for p in layers):
+        return "θ < 1 scales the pruned weights' gradients"
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return "inside a compiled or torch.func call"
+    if torch.is_inference_mode_enabled():
+        return "in inference mode"
+    for t in pruner.targets:
+        weight = t.weight
+        if type(weight) not in _PLAIN:
+            return f"the weight of {t.name!r} is sharded or wrapped ({type(weight).__name__})"
+        if not weight.is_contiguous():
+            return f"the weight of {t.name!r} is not in the contiguous layout"
+    return None
+
+
+@contextlib.contextmanager
+def swapped(pruner: Pruner) -> Iterator[bool]:
+    """Run the block's forwards and backwards on ``P_T(w)`` written into the stored weights.
+
+    See the module docstring. Yields whether the weights were swapped (False:
+    the usual step, see :func:`swap_refusal`).
+
+    Raises:
+        RuntimeError: when entered inside another ``swapped()`` block of the
+            same Pruner, or when a stored weight was written inside the block
+            (an optimizer step there: the dense weights of before the block
+            are restored, the write is lost, and the message names the layers).
+    """
+    if pruner._swap is not None:
+        raise RuntimeError(
+            "pruner.swapped() entered inside another pruner.swapped() block of the same "
+            "Pruner: one block holds a step's forwards and backwards"
+        )
+    pruner._check_attached("swapped()")
+    if swap_refusal(pruner) is not None:
+        yield False
+        return
+    layers = [pruner._parametrization(t) for t in pruner.parametrized_layers()]
+    stored = pruner.weights()
+    with torch.no_grad():
+        # computed as the forward computes them (the N:M backbone's fused pass included)
+        written = [pruner._parametrization(t)(w) for t, w in zip(pruner.targets, stored)]
+        dense = [w.clone() for w in stored]
+        _copy_each(stored, written)
+    # An in-place write (an optimizer step) moves a weight's version counter: a check
+    # on the host, which never waits for a GPU.
+    versions = [w._version for w in stored]
+    for p in layers:
+        p.passthrough = True
+    pruner._swap = True
+    try:
+        yield True
+    except BaseException:
+        _restore(pruner, layers, stored, dense)
+        raise
+    changed = [t.name for t, w, v in zip(pruner.targets, stored, versions) if w._version != v]
+    _restore(pruner, layers, stored, dense)
+    if changed:
+        raise RuntimeError(
+            f"pruner.swapped(): the stored weights of {', '.join(repr(n) for n in changed)} "
+            "were written inside the block (an optimizer step there?). The block holds the "
+            "forwards and backwards only, and writes the dense weights back when it ends: the "
+            "write was undone and the weights are those of before the block; call "
+            "optimizer.step() after it"
+        )
+
+
+def _restore(
+    pruner: Pruner,
+    layers: list[FeatherParametrization],
+    stored: list[Tensor],
+    dense: list[Tensor],
+) -> None:
+    """End the block: the usual forward again, the dense weights back in the stored ones."""
+    for p in layers:
+        p.passthrough = False
+    with torch.no_grad():
+        _copy_each(stored, dense)
+    pruner._swap = None

@@ -1,0 +1,267 @@
+"""``Pruner.swapped()``: a step's forwards and backwards on ``P_T(w)`` written into the
+stored weights give the usual step's bits, and misuse is refused with the weights intact."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tests._helpers import tiny_config, tiny_run
+from torch import nn
+
+import feather_sparse as fs
+from feather_sparse import swap
+from feather_sparse.train import train
+
+
+def net(seed: int = 0) -> nn.Module:
+    """Conv, Linear and a tied pair: every layer kind the Pruner swaps."""
+    torch.manual_seed(seed)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv1d(4, 8, 4)
+            self.fc = nn.Linear(80, 16)
+            self.head = nn.Linear(16, 16, bias=False)
+            self.tail = nn.Linear(16, 16, bias=False)
+            self.tail.weight = self.head.weight  # tied
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = F.relu(self.fc(F.relu(self.conv(x)).flatten(1)))
+            return self.tail(F.relu(self.head(h)))
+
+    return Net()
+
+
+PRUNERS: dict[str, Callable[[nn.Module], fs.Pruner]] = {
+    "feather 90 %": lambda m: fs.Pruner(m, sparsity=0.9, total_steps=6),
+    "hard 80 %, ramped": lambda m: fs.make_pruner(m, "hard", sparsity=0.8, total_steps=6),
+    "soft, uniform": lambda m: fs.Pruner(
+        m, sparsity=0.7, total_steps=6, operator="soft", backbone="uniform"
+    ),
+    "2:4": lambda m: fs.Pruner(m, pattern="2:4"),
+    "4:8": lambda m: fs.Pruner(m, pattern="4:8"),
+    "2:4 hard": lambda m: fs.Pruner(m, pattern="2:4", p=math.inf),
+    "s-ste": lambda m: fs.make_pruner(m, "s-ste", pattern="2:4"),
+}
+
+#: Settings whose backward is not the identity: the block runs the usual step.
+USUAL: dict[str, Callable[[nn.Module], fs.Pruner]] = {
+    "feather θ=0.5": lambda m: fs.Pruner(m, sparsity=0.9, total_steps=6, theta=0.5),
+    "2:4 θ=0.5": lambda m: fs.Pruner(m, pattern="2:4", theta=0.5),
+    "sr-ste": lambda m: fs.make_pruner(m, "sr-ste", pattern="2:4"),
+    "nonste": lambda m: fs.make_pruner(m, "nonste", sparsity=0.9, total_steps=6),
+    "st3": lambda m: fs.make_pruner(m, "st3", sparsity=0.9, total_steps=6),
+    "spartan": lambda m: fs.make_pruner(m, "spartan", sparsity=0.9, total_steps=6),
+    "asl+": lambda m: fs.Pruner(m, sparsity=0.9, total_steps=6, backbone="asl+"),
+    "one-shot 2:4 (θ = 0)": lambda m: fs.make_pruner(m, "oneshot-nm", pattern="2:4", total_steps=6),
+}
+
+
+def run(make: Callable[[nn.Module], fs.Pruner], swapped: bool) -> tuple[dict, list[bool]]:
+    """Six steps of SGD with momentum, two micro-batches each; the dense state and what
+    each block yielded."""
+    model = net()
+    pruner = make(model)
+    opt = torch.optim.SGD([*model.parameters(), *pruner.parameters()], lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(1)
+    yielded = []
+    for _ in range(6):
+        opt.zero_grad()
+        x, y = torch.randn(8, 4, 13, generator=gen), torch.randn(8, 16, generator=gen)
+        with pruner.swapped() if swapped else _usual() as on:
+            yielded.append(on)
+            for xs, ys in zip(x.chunk(2), y.chunk(2)):
+                loss = F.mse_loss(model(xs), ys) + pruner.regularizer()
+                loss.backward()
+        opt.step()
+        pruner.step()
+    return pruner.dense_state_dict(), yielded
+
+
+class _usual:
+    def __enter__(self) -> bool:
+        return False
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def assert_same_bits(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize("name", list(PRUNERS))
+def test_swapped_steps_train_the_usual_bits(name: str) -> None:
+    usual, _ = run(PRUNERS[name], swapped=False)
+    swapped, yielded = run(PRUNERS[name], swapped=True)
+    assert yielded == [True] * 6
+    assert_same_bits(swapped, usual)
+
+
+@pytest.mark.parametrize("name", list(USUAL))
+def test_where_the_gradient_is_not_the_identity_the_block_runs_the_usual_step(name: str) -> None:
+    usual, _ = run(USUAL[name], swapped=False)
+    swapped, yielded = run(USUAL[name], swapped=True)
+    assert yielded == [False] * 6
+    assert_same_bits(swapped, usual)
+    model = net()
+    assert swap.swap_refusal(USUAL[name](model)) is not None
+
+
+def test_inside_the_block_the_stored_weights_are_the_forward_weights() -> None:
+    model = net()
+    pruner = fs.Pruner(model, pattern="2:4")
+    dense = pruner.dense_state_dict()
+    pruned = pruner.dense_state_dict(pruned=True)
+    x = torch.randn(2, 4, 13)
+    with torch.no_grad():
+        expected = model(x)
+    with pruner.swapped() as on:
+        assert on
+        for t, w in zip(pruner.targets, pruner.weights()):
+            assert torch.equal(w, pruned[f"{t.name}.weight"])
+        with torch.no_grad():
+            assert torch.equal(model(x), expected)  # the layers meet the same weights
+    for t, w in zip(pruner.targets, pruner.weights()):
+        assert torch.equal(w, dense[f"{t.name}.weight"])  # the dense weights, bit for bit
+    with torch.no_grad():
+        assert torch.equal(model(x), expected)  # and the usual forward again
+
+
+def test_an_optimizer_step_inside_the_block_is_refused_and_the_weights_kept() -> None:
+    model = net()
+    pruner = fs.Pruner(model, sparsity=0.9, total_steps=6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = pruner.dense_state_dict()
+    refused = pytest.raises(RuntimeError, match=r"'fc'.*written inside the block.*optimizer\.step")
+    with refused, pruner.swapped():
+        model(torch.randn(2, 4, 13)).sum().backward()
+        opt.step()
+    after = pruner.dense_state_dict()
+    for key in ("conv.weight", "fc.weight", "head.weight"):
+        assert torch.equal(after[key], before[key])
+    pruner.step()  # usable again
+
+
+def test_an_error_inside_the_block_propagates_with_the_dense_weights_back() -> None:
+    model = net()
+    pruner = fs.Pruner(model, pattern="2:4")
+    before = [w.clone() for w in pruner.weights()]
+    with pytest.raises(ValueError, match="boom"), pruner.swapped():
+        model(torch.randn(2, 4, 13)).sum().backward()
+        raise ValueError("boom")
+    assert all(torch.equal(a, b) for a, b in zip(pruner.weights(), before))
+    assert not any(pruner._parametrization(t).passthrough for t in pruner.targets)
+    pruner.step()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: p.step(),
+        lambda p: p.update(),
+        lambda p: p.finalize(),
+        lambda p: p.remove(),
+        lambda p: p.state_dict(),
+        lambda p: p.dense_state_dict(),
+        lambda p: p.load_state_dict({}),
+    ],
+    ids=["step", "update", "finalize", "remove", "state_dict", "dense_state_dict", "load"],
+)
+def test_the_pruners_own_calls_wait_for_the_block_to_end(call: Callable[[Any], Any]) -> None:
+    model = net()
+    pruner = fs.Pruner(model, pattern="2:4")
+    waits = pytest.raises(RuntimeError, match=r"inside pruner\.swapped\(\).*after the block")
+    with pruner.swapped(), waits:
+        call(pruner)
+    pruner.step()  # and are taken after it
+
+
+def test_nested_blocks_and_an_ended_pruner_are_refused() -> None:
+    model = net()
+    pruner = fs.Pruner(model, pattern="2:4")
+    nested = pytest.raises(RuntimeError, match=r"inside another pruner\.swapped")
+    with pruner.swapped(), nested, pruner.swapped():
+        pass
+    pruner.finalize()
+    ended = pytest.raises(RuntimeError, match=r"swapped\(\) is refused: this Pruner was finalized")
+    with ended, pruner.swapped():
+        pass
+
+
+def test_weights_not_written_whole_take_the_usual_step() -> None:
+    model = net()
+    model.conv.weight = nn.Parameter(
+        torch.randn(8, 4, 4).transpose(0, 2).contiguous().transpose(0, 2)
+    )
+    pruner = fs.Pruner(model, sparsity=0.9, total_steps=6)
+    assert "not in the contiguous layout" in (swap.swap_refusal(pruner) or "")
+    with pruner.swapped() as on:
+        assert not on
+    other = fs.Pruner(net(), pattern="2:4")
+    with torch.inference_mode():
+        assert swap.swap_refusal(other) == "in inference mode"
+
+
+def test_a_copy_made_inside_the_block_is_not_inside_it() -> None:
+    model = net()
+    pruner = fs.Pruner(model, pattern="2:4")
+    with pruner.swapped():
+        _, other = copy.deepcopy((model, pruner))
+    assert other._swap is None
+    other.step()
+
+
+def test_the_training_loop_swaps_and_trains_the_usual_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``feather-sparse train`` runs each step's forward and backward in the block."""
+    settings = tiny_run(train_size=256, test_size=64, eval_batch_size=64)
+    entered: list[bool] = []
+    real = swap.swapped
+
+    def counting(pruner: fs.Pruner) -> Any:
+        entered.append(swap.swap_refusal(pruner) is None)
+        return real(pruner)
+
+    monkeypatch.setattr(swap, "swapped", counting)
+    swapped = train(tiny_config(settings, epochs=2))
+    assert entered and all(entered)
+    monkeypatch.setattr(swap, "swap_refusal", lambda pruner: "off for the comparison")
+    usual = train(tiny_config(settings, epochs=2))
+    assert_same_bits(swapped.model.state_dict(), usual.model.state_dict())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("settings", [{"sparsity": 0.9, "total_steps": 6}, {"pattern": "2:4"}])
+def test_swapped_blocks_on_cuda_train_the_usual_bits_and_never_wait(
+    settings: dict[str, Any],
+) -> None:
+    def trained(swapped: bool) -> dict[str, torch.Tensor]:
+        model = net().cuda()
+        pruner = fs.Pruner(model, **settings)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        for i in range(4):
+            opt.zero_grad()
+            x = torch.randn(4, 4, 13, device="cuda", generator=gen)
+            if swapped and i == 3:  # the warm-up steps initialised the libraries
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
+            try:
+                with pruner.swapped() if swapped else _usual():
+                    model(x).square().mean().backward()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            opt.step()
+            pruner.step()
+        return {k: v.cpu() for k, v in pruner.dense_state_dict().items()}
+
+    assert_same_bits(trained(True), trained(False))
