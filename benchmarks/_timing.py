@@ -8,6 +8,7 @@ interleaved round-robin so that a slow patch hits all of them alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import random
 import statistics
@@ -113,18 +114,21 @@ def train_step(
     x: torch.Tensor,
     y: torch.Tensor,
     micro: int = 1,
+    swap: bool = False,
 ) -> Callable[[], None]:
     """One timed training step on a fixed batch: forward, cross-entropy, backward, SGD
     (momentum 0.9), then ``pruner.step()`` unless ``pruner`` is None (the dense baseline).
     ``micro`` > 1 splits the batch into that many micro-batches whose gradients are
-    accumulated before the optimizer step (one forward and backward each)."""
+    accumulated before the optimizer step (one forward and backward each). ``swap``:
+    the forwards and backwards inside ``pruner.swapped()``."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     parts = list(zip(x.chunk(micro), y.chunk(micro)))
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        for xs, ys in parts:
-            F.cross_entropy(model(xs), ys).backward()
+        with pruner.swapped() if swap and pruner is not None else contextlib.nullcontext():
+            for xs, ys in parts:
+                F.cross_entropy(model(xs), ys).backward()
         opt.step()
         if pruner is not None:
             pruner.step()

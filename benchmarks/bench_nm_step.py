@@ -63,8 +63,10 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
     return x.to(DEVICE), y.to(DEVICE)
 
 
-def make_step(model: nn.Module, pruner: fs.Pruner | None, micro: int) -> Callable[[], None]:
-    return train_step(model, pruner, *batch(), micro)
+def make_step(
+    model: nn.Module, pruner: fs.Pruner | None, micro: int, swap: bool = False
+) -> Callable[[], None]:
+    return train_step(model, pruner, *batch(), micro, swap)
 
 
 @contextlib.contextmanager
@@ -164,6 +166,10 @@ def variants(name: str, micro: int) -> dict[str, Callable[[], None]]:
 
     out = {"dense": make_step(fresh(name), None, micro)}
     out["2:4 feather θ=1"] = nm()
+    m = fresh(name)
+    out["2:4 feather θ=1, swapped()"] = make_step(
+        m, fs.Pruner(m, pattern="2:4", exclude=EXCLUDE[name]), micro, swap=True
+    )
     with layer_by_layer():
         out["2:4 feather θ=1, layer by layer"] = nm()
     out["2:4 feather θ=0.5"] = nm(theta=0.5)
