@@ -2,10 +2,12 @@
 
 Models: the bundled CNN (``mnist1d_cnn``, batch 128, its 5-wide first conv
 left dense) and the Linear-heavy ``mnist1d_mlpmixer`` (batch 128). Variants:
-dense; ``Pruner(pattern="2:4")`` (Feather, p = 3, θ = 1); the same with
+dense; ``Pruner(pattern="2:4")`` (Feather, p = 3, θ = 1); the same with the
+forwards and backwards inside ``pruner.swapped()`` (what the training CLI
+runs); the same with
 every layer's forward computed alone at every forward, nothing kept
 (``nm.fused`` off: no fusion, no cache); the same at θ = 0.5; and
-unstructured Feather-Global at 50 % for reference. The ratio to dense is
+unstructured Feather-Global at 50 % for reference, also swapped. The ratio to dense is
 what the issue's target (≤ 1.1×) refers to. ``--micro 1 4`` (default) times
 each step also as 4 micro-batches of 32 with accumulated gradients, where
 the cached N:M forward is computed once per step instead of once per
@@ -51,6 +53,12 @@ BATCH = 128
 T = TypeVar("T")
 #: Layers of each model that an N:M pattern cannot take (reduction dim not a multiple of 4).
 EXCLUDE = {"mnist1d_cnn": ["features.0"], "mnist1d_mlpmixer": []}
+#: The variants ``--paired`` compares, round by round: (a, b) prints a − b.
+PAIRS = [
+    ("2:4 feather θ=1, swapped()", "2:4 feather θ=1"),
+    ("unstructured 50 %, swapped()", "unstructured 50 %"),
+    ("2:4 feather θ=1", "2:4 feather θ=1, layer by layer"),
+]
 #: Where the models and the batch live (``--device``).
 DEVICE = torch.device("cpu")
 
@@ -173,12 +181,14 @@ def variants(name: str, micro: int) -> dict[str, Callable[[], None]]:
     with layer_by_layer():
         out["2:4 feather θ=1, layer by layer"] = nm()
     out["2:4 feather θ=0.5"] = nm(theta=0.5)
-    m = fresh(name)
-    out["unstructured 50 %"] = make_step(
-        m,
-        fs.Pruner(m, sparsity=0.5, total_steps=1, schedule="constant", exclude=EXCLUDE[name]),
-        micro,
-    )
+    for label, swap in (("unstructured 50 %", False), ("unstructured 50 %, swapped()", True)):
+        m = fresh(name)
+        out[label] = make_step(
+            m,
+            fs.Pruner(m, sparsity=0.5, total_steps=1, schedule="constant", exclude=EXCLUDE[name]),
+            micro,
+            swap=swap,
+        )
     return out
 
 
@@ -201,8 +211,9 @@ def main() -> None:
     parser.add_argument(
         "--paired",
         action="store_true",
-        help="also print, per model, the median per-round difference between the default 2:4 "
-        "step and the layer-by-layer one, with a 95%% bootstrap interval",
+        help="also print, per model, the median per-round differences between the swapped() "
+        "and the usual 2:4 step and between the usual and the layer-by-layer one, with 95%% "
+        "bootstrap intervals",
     )
     add_device_argument(parser)
     args = parser.parse_args()
@@ -226,18 +237,18 @@ def main() -> None:
                 base = times["compiled: dense" if variant.startswith("compiled") else "dense"]
                 print(f"| {name} | {micro} | {variant} | {t * 1e3:.2f} | {t / base:.2f} |")
             if args.paired:
-                diff = paired_median_difference(
-                    samples["2:4 feather θ=1"], samples["2:4 feather θ=1, layer by layer"]
-                )
-                paired.append((name, micro, *diff))
+                for a, b in PAIRS:
+                    diff = paired_median_difference(samples[a], samples[b])
+                    paired.append((name, micro, f"{a} minus {b}", *diff))
     if paired:
         print()
-        print("2:4 feather θ=1 minus layer by layer, per round (ms; 95 % bootstrap interval):")
+        print("Per-round differences (ms; 95 % bootstrap interval):")
         print()
-        print("| model | micro-batches | median difference | interval |")
-        print("|---|---:|---:|---|")
-        for name, micro, mid, lo, hi in paired:
-            print(f"| {name} | {micro} | {mid * 1e3:+.2f} | {lo * 1e3:+.2f} to {hi * 1e3:+.2f} |")
+        print("| model | micro-batches | difference | median | interval |")
+        print("|---|---:|---|---:|---|")
+        for name, micro, what, mid, lo, hi in paired:
+            cells = f"{mid * 1e3:+.2f} | {lo * 1e3:+.2f} to {hi * 1e3:+.2f}"
+            print(f"| {name} | {micro} | {what} | {cells} |")
 
 
 if __name__ == "__main__":
