@@ -174,8 +174,20 @@ def test_an_error_inside_the_block_propagates_with_the_dense_weights_back() -> N
         lambda p: p.state_dict(),
         lambda p: p.dense_state_dict(),
         lambda p: p.load_state_dict({}),
+        lambda p: p.report(),
+        lambda p: p.sparsity_achieved(),
     ],
-    ids=["step", "update", "finalize", "remove", "state_dict", "dense_state_dict", "load"],
+    ids=[
+        "step",
+        "update",
+        "finalize",
+        "remove",
+        "state_dict",
+        "dense_state_dict",
+        "load",
+        "report",
+        "sparsity_achieved",
+    ],
 )
 def test_the_pruners_own_calls_wait_for_the_block_to_end(call: Callable[[Any], Any]) -> None:
     model = net()

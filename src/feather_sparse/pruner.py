@@ -1078,6 +1078,7 @@ class Pruner:
         weights; after :meth:`remove`, what the forward zeroed just before (the
         model's weights are dense again).
         """
+        self._refuse_while_swapped("sparsity_achieved()")
         return sum(self._layer_zeros()) / self.num_params
 
     def report(self) -> PrunerReport:
@@ -1088,6 +1089,7 @@ class Pruner:
         sparsity: the one finalized at). After :meth:`remove`, the state just
         before it (the model's weights are dense again).
         """
+        self._refuse_while_swapped("report()")
         if self._ended is None:
             self._check_in_model("report()")
         local = None if self._ended is not None else self._local_weights(whole_groups=True)
@@ -1434,11 +1436,7 @@ class Pruner:
             RuntimeError: naming ``call``, what finalize or remove did, what can
                 still be asked, and ``hint`` (what to do instead).
         """
-        if self._swap is not None:
-            raise RuntimeError(
-                f"{call} is refused inside pruner.swapped(): until the block ends the stored "
-                "weights hold the pruned values, not the dense ones; call it after the block"
-            )
+        self._refuse_while_swapped(call)
         if self._ended is None:
             if call != "remove()":  # remove() gives back what it can: the way out
                 self._check_in_model(call)
@@ -1454,6 +1452,14 @@ class Pruner:
             f"sparsity_achieved(), thresholds() and config() still {still}. "
             + (hint or "To prune the model again, create a new Pruner on it")
         )
+
+    def _refuse_while_swapped(self, call: str) -> None:
+        """Raise inside :meth:`swapped`, whose stored weights hold ``P_T(w)``, not ``w``."""
+        if self._swap is not None:
+            raise RuntimeError(
+                f"{call} is refused inside pruner.swapped(): until the block ends the stored "
+                "weights hold the pruned values, not the dense ones; call it after the block"
+            )
 
     def _check_in_model(self, call: str) -> None:
         """Raise when a parametrized layer is no longer where it was in the model.

@@ -34,7 +34,8 @@ changes nothing.
 Inside the block the stored weights hold ``P_T(w)``: ``model.state_dict()``
 and code reading ``layer.parametrizations.weight.original`` see the pruned
 values there, and the Pruner refuses ``step()``, ``update()``,
-``finalize()``, its state dicts and ``remove()`` until the block ends. The
+``finalize()``, ``remove()``, its state dicts, ``report()`` and
+``sparsity_achieved()`` until the block ends. The
 block must hold the forwards and backwards only: the dense weights are
 written back when it ends, so an optimizer step (or any write into a
 stored weight) inside it would be undone — the block then raises, naming
