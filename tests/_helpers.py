@@ -1,5 +1,5 @@
 """Helpers several test files share: one CPU thread, the tiny 1-D convnet, tiny training runs
-and their resumption."""
+and their resumption, and the skip of the tests that need safetensors where it is missing."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -19,6 +20,28 @@ from feather_sparse import cli
 from feather_sparse.bench.runner import RunOutcome
 from feather_sparse.recipes import TrainConfig, load_config
 from feather_sparse.train import CHECKPOINT_FORMAT, TrainResult, load_checkpoint, train
+
+#: Why the tests that need safetensors skip; ``None`` where it is installed.
+#:
+#: safetensors is optional (the ``export`` extra, which ``dev`` includes): sparse
+#: checkpoints (``.fsp``) are safetensors files, and transformers needs it too.
+#: Where it is missing the library says so in its errors and a training run saves
+#: ``model.pt`` instead of ``model.fsp``; the tests of that behaviour run there, the
+#: tests that write or read a ``.fsp`` skip. Asked as the library's training asks
+#: (``train.run_dir._export_unavailable``): only a missing package skips, a broken
+#: install fails the tests with its own error.
+SAFETENSORS_MISSING: str | None = (
+    "safetensors is not installed; install it with: pip install -e '.[export]' "
+    "(or '.[dev]', which includes it)"
+    if importlib.util.find_spec("safetensors") is None
+    else None
+)
+
+#: Marks a test, a parameter (``pytest.param(..., marks=needs_safetensors)``) or a
+#: module (``pytestmark = needs_safetensors``) that needs safetensors.
+needs_safetensors = pytest.mark.skipif(
+    SAFETENSORS_MISSING is not None, reason=SAFETENSORS_MISSING or ""
+)
 
 
 @contextmanager
@@ -200,8 +223,6 @@ def training_checkpoint(
 def quiet_trainer(callbacks: list[Any], **kwargs: Any) -> Any:
     """A CPU Lightning Trainer without logger, checkpoints, progress bar or model
     summary (``kwargs`` add to or override these); skips the test without lightning."""
-    import pytest
-
     pl = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
     options: dict[str, Any] = {
         "accelerator": "cpu",

@@ -13,6 +13,7 @@ import pytest
 from torch import nn
 
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse import cli, save_sparse
 from feather_sparse.integrity import DiskFullError, IntegrityError
 from feather_sparse.methods import METHODS
@@ -65,6 +66,7 @@ def test_errors_are_one_line_and_exit_1(
     "`feather-sparse inspect FILE` piped into `head`: the reader of stdout closes the pipe early",
     "quiet exit 141 (128 + SIGPIPE) as Unix tools end, for every command; no error line",
 )
+@needs_safetensors
 def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:
     """A real pipe: read the first line of ``inspect``'s table, then close it, as ``head
     -1`` does; the table is longer than a pipe holds, so the command is still writing."""

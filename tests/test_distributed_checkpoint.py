@@ -36,6 +36,7 @@ from torch import Tensor, nn
 import feather_sparse as fs
 from _dist import dcp_resume, launch, recorded
 from _guards import guard
+from _helpers import SAFETENSORS_MISSING
 from feather_sparse import distributed
 
 pytestmark = pytest.mark.skipif(
@@ -519,6 +520,10 @@ def _sharded(saved: list[dict[Any, Any]], name: str) -> list[dict[str, Any]]:
     for rank, out in enumerate(runs):
         if "error" in out and "No module named 'transformers'" in out["error"]:
             pytest.skip("needs transformers (GPT-2's Conv1D)")
+        if SAFETENSORS_MISSING and "No module named 'safetensors'" in out.get("error", ""):
+            pytest.skip(
+                f"GPT-2's Conv1D needs transformers, which needs safetensors: {SAFETENSORS_MISSING}"
+            )
         assert "error" not in out, f"rank {rank}:\n{out['error']}"
     return runs
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from torch import nn
 
-from _helpers import one_thread, script_module
+from _helpers import needs_safetensors, one_thread, script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,7 +147,10 @@ def test_conditional_blocks_vanish_without_their_page() -> None:
     assert hook.on_page_markdown(text, page, config, files) == "a\nb\n"
 
 
-@pytest.mark.parametrize("page", ["index.md", "guide/concepts.md", "guide/nm.md"])
+@pytest.mark.parametrize(
+    "page",
+    ["index.md", "guide/concepts.md", pytest.param("guide/nm.md", marks=needs_safetensors)],
+)
 def test_self_contained_snippets_run(
     page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -489,6 +492,7 @@ def _section(page: str, heading: str) -> str:
     return text[text.index(f"\n## {heading}\n") :].split("\n## ", 2)[1]
 
 
+@needs_safetensors
 def test_training_page_init_from_commands_run_as_the_page_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -588,6 +592,7 @@ def test_training_page_model_kwargs_tables_are_what_the_page_says(
     assert len(printed) == 1, printed
 
 
+@needs_safetensors
 def test_export_and_nm_pages_tied_weight_statements_hold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -690,6 +695,7 @@ def _python_blocks(page: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), flags=re.S)
 
 
+@needs_safetensors
 def test_export_page_snippets_run_in_their_context(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -792,6 +798,7 @@ def _tiny_bert_config(monkeypatch: pytest.MonkeyPatch) -> Any:
     return transformers
 
 
+@needs_safetensors  # transformers (which requires safetensors) imports its models only with it
 def test_transformers_page_bert_snippet_names_real_modules(monkeypatch: pytest.MonkeyPatch) -> None:
     """The BERT example (at a tiny size) builds, and the names the page excludes are
     modules of the models: `classifier`, and `cls.predictions.decoder` of a masked LM."""

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from _guards import guard
+from _helpers import needs_safetensors
 from _hypothesis import given, settings, st
 from feather_sparse import Pruner, __version__, cli, export
 from feather_sparse.export import (
@@ -138,6 +139,7 @@ def data_offset(path: Path) -> int:
 # ---------------------------------------------------------------------------
 
 
+@needs_safetensors
 def test_round_trip_is_bit_exact(sparse_net: MixedNet, tmp_path: Path) -> None:
     path = tmp_path / "net.fsp"
     info = save_sparse(sparse_net, path)
@@ -155,6 +157,7 @@ def test_round_trip_is_bit_exact(sparse_net: MixedNet, tmp_path: Path) -> None:
     assert info.file_bytes < info.dense_bytes / 4
 
 
+@needs_safetensors
 def test_metadata_round_trip(sparse_net: MixedNet, tmp_path: Path) -> None:
     sparse_net.feather_model_spec = {"name": "mixed", "kwargs": {"width": 2}}
     path = tmp_path / "net.fsp"
@@ -175,6 +178,7 @@ def test_metadata_round_trip(sparse_net: MixedNet, tmp_path: Path) -> None:
     assert 0.89 < info.sparsity < 0.95
 
 
+@needs_safetensors
 def test_state_dict_input_and_order(tmp_path: Path) -> None:
     state = {"b": torch.zeros(10), "a": torch.tensor([0.0, 0.0, 3.0] * 100)}
     save_sparse(state, tmp_path / "s.fsp")
@@ -184,6 +188,7 @@ def test_state_dict_input_and_order(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("values,dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+@needs_safetensors
 def test_reduced_precision_values(values: str, dtype: torch.dtype, tmp_path: Path) -> None:
     net = prune_(nn.Linear(256, 256), 0.9)
     exact, half = tmp_path / "exact.fsp", tmp_path / "half.fsp"
@@ -216,6 +221,7 @@ def test_fp16_overflow_is_an_error(tmp_path: Path) -> None:
     ]
     or [pytest.param("none", marks=pytest.mark.skip(reason="feather_sparse.models not present"))],
 )
+@needs_safetensors
 def test_every_registered_model_round_trips(name: str, tmp_path: Path) -> None:
     model = prune_(create_model(name), 0.9)
     path = tmp_path / f"{name}.fsp"
@@ -237,6 +243,7 @@ def test_every_registered_model_round_trips(name: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sparsity", [0.90, 0.95, 0.98, 0.99])
+@needs_safetensors
 def test_file_within_five_percent_of_entropy_bound(sparsity: float, tmp_path: Path) -> None:
     generator = torch.Generator().manual_seed(1)
     weight = torch.randn(1024, 1024, generator=generator)
@@ -306,12 +313,14 @@ def test_gap_codec_golden_gaps(gap: int) -> None:
 
 
 @guard("`load_sparse` of a missing file", "`FileNotFoundError`: does not exist")
+@needs_safetensors
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_sparse(tmp_path / "nope.fsp", nn.Linear(2, 2))
 
 
 @guard("a truncated `.fsp`", "`ValueError` naming the file")
+@needs_safetensors
 def test_truncated_file(sparse_net: MixedNet, tmp_path: Path) -> None:
     path = tmp_path / "net.fsp"
     save_sparse(sparse_net, path)
@@ -323,6 +332,7 @@ def test_truncated_file(sparse_net: MixedNet, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
+@needs_safetensors
 def test_corrupted_data_is_detected(where: str, sparse_net: MixedNet, tmp_path: Path) -> None:
     path = tmp_path / "net.fsp"
     save_sparse(sparse_net, path)
@@ -345,6 +355,7 @@ def _rewrite_metadata(path: Path, edit: dict[str, str]) -> None:
     save_file(load_file(str(path)), str(path), metadata={**metadata, **edit})
 
 
+@needs_safetensors
 def test_other_format_version(tmp_path: Path) -> None:
     path = tmp_path / "lin.fsp"
     save_sparse(prune_(nn.Linear(8, 8), 0.5), path)
@@ -354,6 +365,7 @@ def test_other_format_version(tmp_path: Path) -> None:
 
 
 @guard("a plain safetensors file read as a `.fsp`", "`ValueError`: not a feather-sparse checkpoint")
+@needs_safetensors
 def test_plain_safetensors_file_is_rejected(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -363,12 +375,14 @@ def test_plain_safetensors_file_is_rejected(tmp_path: Path) -> None:
 
 
 @guard("a file of no known kind read as a `.fsp`", "`ValueError`: truncated or corrupted")
+@needs_safetensors
 def test_not_a_file_of_any_kind(tmp_path: Path) -> None:
     (tmp_path / "junk.fsp").write_bytes(b"certainly not safetensors" * 10)
     with pytest.raises(ValueError, match="truncated or corrupted"):
         inspect_sparse(tmp_path / "junk.fsp")
 
 
+@needs_safetensors
 def test_wrong_architecture_names_the_mismatch(sparse_net: MixedNet, tmp_path: Path) -> None:
     path = tmp_path / "net.fsp"
     save_sparse(sparse_net, path)
@@ -382,6 +396,7 @@ def test_wrong_architecture_names_the_mismatch(sparse_net: MixedNet, tmp_path: P
     assert not torch.equal(other.fc.weight, sparse_net.fc.weight)
 
 
+@needs_safetensors
 def test_load_without_model_needs_a_spec(sparse_net: MixedNet, tmp_path: Path) -> None:
     save_sparse(sparse_net, tmp_path / "net.fsp")
     with pytest.raises(ValueError, match="no model spec"):
@@ -405,6 +420,7 @@ def test_bad_arguments(tmp_path: Path) -> None:
     "`load_sparse(path, 'name')`; `export_onnx` with a list; `to_sparse_inference(m, '0.9')`",
     "`TypeError` naming the argument and what it accepts; nothing written",
 )
+@needs_safetensors
 def test_wrong_types_name_the_argument(tmp_path: Path) -> None:
     out = tmp_path / "x.fsp"
     model = nn.Linear(2, 2)
@@ -436,6 +452,7 @@ def test_wrong_types_name_the_argument(tmp_path: Path) -> None:
     "(a training checkpoint, a `.fsp`)",
     "`FileExistsError` naming the file; the file unchanged",
 )
+@needs_safetensors
 def test_a_file_of_another_kind_is_never_replaced(tmp_path: Path) -> None:
     checkpoint = tmp_path / "last.pt"
     torch.save({"model": {"w": torch.zeros(2)}}, checkpoint)
@@ -471,6 +488,7 @@ def _rewrite_header(path: Path, edit: Callable[[dict], None]) -> None:
 
 @guard("a `.fsp` whose model spec was edited", "`ValueError` before any model is allocated")
 @pytest.mark.skipif("mnist1d_cnn" not in REGISTERED_MODELS, reason="needs the model zoo")
+@needs_safetensors
 def test_edited_model_spec_fails_before_the_model_is_built(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -517,6 +535,7 @@ def test_save_sparse_to_a_folder_is_a_clear_error(tmp_path: Path) -> None:
     "`inspect_sparse` / `load_sparse` of a folder or a `.pt`",
     "`IsADirectoryError`; `ValueError` pointing to `feather-sparse export`",
 )
+@needs_safetensors
 def test_reading_a_folder_or_a_torch_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(IsADirectoryError, match=r"is a folder, not a sparse checkpoint"):
         inspect_sparse(tmp_path)
@@ -528,6 +547,7 @@ def test_reading_a_folder_or_a_torch_file_is_a_clear_error(tmp_path: Path) -> No
 @guard(
     "the disk fills up while a `.fsp` is written", "`DiskFullError`; the previous file unchanged"
 )
+@needs_safetensors
 def test_full_disk_keeps_the_previous_file(
     sparse_net: MixedNet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -548,6 +568,7 @@ def test_full_disk_keeps_the_previous_file(
     assert path.read_bytes() == good and [p.name for p in tmp_path.iterdir()] == ["net.fsp"]
 
 
+@needs_safetensors
 def test_temporaries_of_killed_writers_are_removed(tmp_path: Path) -> None:
     import os
 
@@ -564,6 +585,7 @@ def test_temporaries_of_killed_writers_are_removed(tmp_path: Path) -> None:
     "`export` / `inspect` of a folder, a missing, garbage or cut file",
     "CLI exit 1, one line, no torch advice",
 )
+@needs_safetensors
 def test_cli_bad_files_are_one_line(
     fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -689,6 +711,7 @@ def test_to_sparse_inference_rejects_bad_arguments() -> None:
 # ---------------------------------------------------------------------------
 
 
+@needs_safetensors
 def test_cli_inspect(
     sparse_net: MixedNet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -702,6 +725,7 @@ def test_cli_inspect(
 
 
 @guard("`export DIR` that holds no run, `inspect` of a missing file", "CLI exit 1, one line")
+@needs_safetensors
 def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["inspect", str(tmp_path / "missing.fsp")]) == 1
     assert "does not exist" in capsys.readouterr().err
@@ -764,6 +788,7 @@ def _write_run(tmp_path: Path, create: ZooFactory) -> tuple[Path, nn.Module]:
     return run, model
 
 
+@needs_safetensors
 def test_cli_export_from_run_dir(
     fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -808,6 +833,7 @@ def _pruned_sparsity(path: Path, pruner_state: dict) -> float:
     return 1 - sum(r.nnz for r in pruned) / sum(r.numel for r in pruned)
 
 
+@needs_safetensors
 def test_cli_export_of_an_unfinished_run_keeps_its_thresholds(
     fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -829,6 +855,7 @@ def test_cli_export_of_an_unfinished_run_keeps_its_thresholds(
     assert meta["sparsity"] == pytest.approx(0.7056, abs=2e-3)
 
 
+@needs_safetensors
 def test_cli_export_at_an_explicit_sparsity_warns(
     fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -848,6 +875,7 @@ def test_cli_export_at_an_explicit_sparsity_warns(
     assert _pruned_sparsity(out, ckpt["pruner"]) == pytest.approx(0.9, abs=1e-3)
 
 
+@needs_safetensors
 def test_cli_export_of_a_finished_run_bakes_the_target(
     fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -900,6 +928,7 @@ def test_cli_export_rejects_a_bad_sparsity(
     assert not out.exists()
 
 
+@needs_safetensors
 def test_cli_export_sparsity_needs_a_sparse_training_checkpoint(
     fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -937,6 +966,7 @@ def test_cli_export_rejects_other_checkpoints(
     "another kind (a training checkpoint; a `.fsp` for `--onnx`)",
     "CLI exit 1, one line naming the file; nothing written; a `.fsp` over a `.fsp` still replaced",
 )
+@needs_safetensors
 def test_cli_export_never_writes_over_what_it_reads_or_another_kind(
     fake_zoo: ZooFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1051,11 +1081,13 @@ def test_onnx_export_rejects_what_it_cannot_write(tmp_path: Path) -> None:
 
 @guard("`inspect /dev/null` (not a regular file)", "`ValueError`: not a regular file")
 @pytest.mark.skipif(not Path("/dev/null").exists(), reason="needs /dev/null")
+@needs_safetensors
 def test_inspect_of_a_device_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="not a regular file"):
         inspect_sparse("/dev/null")
 
 
+@needs_safetensors
 def test_the_same_model_writes_the_same_bytes(tmp_path: Path) -> None:
     """Saving one model again gives a byte-identical file (checksums, caches and
     `cmp` can compare runs); safetensors' own writer ordered the metadata by hash."""
@@ -1067,6 +1099,7 @@ def test_the_same_model_writes_the_same_bytes(tmp_path: Path) -> None:
     assert all(f == files[0] for f in files)
 
 
+@needs_safetensors
 def test_container_is_what_safetensors_writes_up_to_the_metadata_order(tmp_path: Path) -> None:
     """The container writer lays the file out as safetensors does: same header
     (as JSON), same length, same tensor bytes; and safetensors reads it back."""

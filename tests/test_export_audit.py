@@ -16,6 +16,7 @@ from torch import nn
 
 import _helpers
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse import Pruner, cli, export
 from feather_sparse.export import export_onnx, inspect_sparse, load_sparse, save_sparse
 from feather_sparse.export.run import PatternSparsityError, load_export_source
@@ -68,6 +69,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+@needs_safetensors
 def test_a_model_rebuilt_from_the_file_keeps_its_dtype_bit_for_bit(
     dtype: torch.dtype, tmp_path: Path
 ) -> None:
@@ -81,6 +83,7 @@ def test_a_model_rebuilt_from_the_file_keeps_its_dtype_bit_for_bit(
     assert back.state_dict()["features.1.num_batches_tracked"].dtype == torch.int64
 
 
+@needs_safetensors
 def test_a_model_of_several_dtypes_comes_back_as_it_was(tmp_path: Path) -> None:
     model = pruned_cnn()
     model.fc.double()  # one layer in float64, one BatchNorm in float16
@@ -97,6 +100,7 @@ def test_a_model_of_several_dtypes_comes_back_as_it_was(tmp_path: Path) -> None:
     assert {p.dtype for p in into.parameters()} == {torch.float64}
 
 
+@needs_safetensors
 def test_cli_re_export_of_a_float64_file_keeps_float64(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -129,6 +133,7 @@ def test_cli_re_export_of_a_float64_file_keeps_float64(
     "`FileExistsError` (CLI exit 1) naming the file and what it holds; the file unchanged",
 )
 @pytest.mark.parametrize("metadata", [None, {"format": "pt"}])
+@needs_safetensors
 def test_a_plain_safetensors_file_is_never_replaced(
     metadata: dict[str, str] | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -149,6 +154,7 @@ def test_a_plain_safetensors_file_is_never_replaced(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.fsp", "model.safetensors"]
 
 
+@needs_safetensors
 def test_a_fsp_and_a_damaged_fsp_are_still_replaced(tmp_path: Path) -> None:
     fsp = tmp_path / "m.fsp"
     save_sparse(nn.Linear(2, 2), fsp)
@@ -226,6 +232,7 @@ def test_an_exporter_that_fails_half_way_leaves_the_old_file(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
 
 
+@needs_safetensors
 def test_a_large_model_is_written_with_its_weights_beside_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -268,6 +275,7 @@ def test_a_failed_opset_check_writes_nothing(
     "`save_sparse` of a model wrapped by `torch.compile`",
     "saved as the model it wraps (plain keys, its spec): `load_sparse(path)` rebuilds it",
 )
+@needs_safetensors
 def test_a_compiled_model_is_saved_with_plain_keys(tmp_path: Path) -> None:
     model = pruned_cnn()
     compiled = torch.compile(model)  # no forward: nothing is compiled yet
@@ -282,6 +290,7 @@ def test_a_compiled_model_is_saved_with_plain_keys(tmp_path: Path) -> None:
     assert_bit_equal(model.state_dict(), into._orig_mod.state_dict())
 
 
+@needs_safetensors
 def test_a_file_saved_from_a_compiled_model_before_the_fix_loads(tmp_path: Path) -> None:
     model = pruned_cnn()
     path = tmp_path / "old.fsp"
@@ -295,6 +304,7 @@ def test_a_file_saved_from_a_compiled_model_before_the_fix_loads(tmp_path: Path)
     "a warning naming the differences; the file is written without the spec that no longer "
     "fits, and loads with `load_sparse(path, model)`",
 )
+@needs_safetensors
 def test_a_changed_model_is_saved_without_its_stale_spec(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -319,6 +329,7 @@ def test_a_changed_model_is_saved_without_its_stale_spec(
     assert inspect_sparse(path).model_spec is not None and caplog.text == ""
 
 
+@needs_safetensors
 def test_an_old_file_whose_spec_does_not_fit_says_so_without_blaming_damage(
     tmp_path: Path,
 ) -> None:
@@ -375,6 +386,7 @@ def _rewrite_header(path: Path, edit: object) -> None:
         (["no-onnx-package"], "ONNX export needs the onnx package"),
     ],
 )
+@needs_safetensors
 def test_cli_checks_every_option_before_writing(
     extra: list[str],
     expected: str,
@@ -406,6 +418,7 @@ def test_cli_checks_every_option_before_writing(
     "CLI exit 1, one line naming the legacy exporter's newest opset and "
     "`pip install 'feather-sparse[onnx]'`; nothing written",
 )
+@needs_safetensors
 def test_an_opset_that_needs_onnxscript_says_to_install_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -443,6 +456,7 @@ def nm_checkpoint(tmp_path: Path) -> Path:
     "`load_export_source`; nothing written",
 )
 @pytest.mark.parametrize("sparsity", ["0.3", "0.7"])
+@needs_safetensors
 def test_cli_export_of_an_nm_run_at_another_sparsity_says_drop_sparsity(
     sparsity: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

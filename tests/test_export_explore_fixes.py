@@ -21,7 +21,7 @@ from torch import nn
 
 import feather_sparse as fs
 from _guards import guard
-from _helpers import tiny_config, tiny_run
+from _helpers import needs_safetensors, tiny_config, tiny_run
 from feather_sparse import cli, integrity
 from feather_sparse.export.header import smaller_or_larger
 from feather_sparse.export.inference import SparseLinear, to_sparse_inference
@@ -131,6 +131,7 @@ def test_a_bare_multihead_attention_runs_after_conversion() -> None:
     "warning naming the modules; the file is written without the spec",
 )
 # ============================================================ create_model spec
+@needs_safetensors
 def test_a_model_changed_without_changing_its_tensors_is_saved_without_its_spec(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -146,6 +147,7 @@ def test_a_model_changed_without_changing_its_tensors_is_saved_without_its_spec(
         fs.load_sparse(tmp_path / "m.fsp")
 
 
+@needs_safetensors
 def test_an_unchanged_model_keeps_its_spec_with_a_pruner_attached(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -174,6 +176,7 @@ class _Tied(nn.Module):
     "`load_sparse(path, model)` into a model built on the meta device",
     "the model gets the file's tensors (ties kept); a buffer the file lacks: `ValueError`",
 )
+@needs_safetensors
 def test_load_sparse_into_a_meta_model_gives_it_the_files_tensors(tmp_path: Path) -> None:
     saved = _Tied()
     fs.save_sparse(saved, tmp_path / "m.fsp")
@@ -190,6 +193,7 @@ def test_load_sparse_into_a_meta_model_gives_it_the_files_tensors(tmp_path: Path
     torch.testing.assert_close(model(x), saved.double()(x), rtol=0, atol=0)
 
 
+@needs_safetensors
 def test_load_sparse_keeps_a_meta_models_untied_weights_apart(tmp_path: Path) -> None:
     fs.save_sparse(_Tied(), tmp_path / "m.fsp")  # the file ties head to embed
     with torch.device("meta"):
@@ -201,6 +205,7 @@ def test_load_sparse_keeps_a_meta_models_untied_weights_apart(tmp_path: Path) ->
     torch.testing.assert_close(model.head.weight, model.embed.weight)
 
 
+@needs_safetensors
 def test_load_sparse_refuses_a_meta_model_whose_buffers_the_file_does_not_hold(
     tmp_path: Path,
 ) -> None:
@@ -247,6 +252,7 @@ def _same_model(a: nn.Module, b: nn.Module) -> bool:
     "exports the intact `RUN/model.fsp`, saying so (not `prev.pt`)",
 )
 @pytest.mark.parametrize("keep_previous", [True, False])
+@needs_safetensors
 def test_a_finished_run_with_a_damaged_last_checkpoint_exports_its_model_fsp(
     finished_run: Path, tmp_path: Path, keep_previous: bool
 ) -> None:
@@ -258,6 +264,7 @@ def test_a_finished_run_with_a_damaged_last_checkpoint_exports_its_model_fsp(
     assert "last.pt" in source.warning and f"final model {run / 'model.fsp'}" in source.warning
 
 
+@needs_safetensors
 def test_the_command_line_names_model_fsp_when_it_exports_it_for_last_pt(
     finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -267,6 +274,7 @@ def test_the_command_line_names_model_fsp_when_it_exports_it_for_last_pt(
     assert _same_model(fs.load_sparse(tmp_path / "out.fsp"), fs.load_sparse(run / "model.fsp"))
 
 
+@needs_safetensors
 def test_a_damaged_model_fsp_is_not_exported_for_a_damaged_last_pt(
     finished_run: Path, tmp_path: Path
 ) -> None:
@@ -288,6 +296,7 @@ def test_a_damaged_model_fsp_is_not_exported_for_a_damaged_last_pt(
     "writes the file the link points to; the link kept",
 )
 # ============================================================ write_atomic and temp files
+@needs_safetensors
 def test_write_atomic_writes_through_a_symlink_and_keeps_it(tmp_path: Path) -> None:
     real, link = tmp_path / "runs" / "model.fsp", tmp_path / "latest.fsp"
     fs.save_sparse(nn.Linear(4, 4), real)
@@ -365,6 +374,7 @@ def test_a_size_within_a_hundredth_of_dense_or_against_none_is_told_in_bytes() -
     assert smaller_or_larger(100, 100) == "1.00x smaller"
 
 
+@needs_safetensors
 def test_a_dense_model_is_not_called_1_00x_larger(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -374,10 +384,12 @@ def test_a_dense_model_is_not_called_1_00x_larger(
     assert "1.0x" not in caplog.text and " B larger than dense" in caplog.text
 
 
+@needs_safetensors
 def test_another_programs_safetensors_file_is_named_as_such(tmp_path: Path) -> None:
-    safetensors_torch = pytest.importorskip("safetensors.torch")
+    from safetensors.torch import save_file
+
     path = tmp_path / "other.safetensors"
-    safetensors_torch.save_file({"w": torch.zeros(3)}, str(path))
+    save_file({"w": torch.zeros(3)}, str(path))
     with pytest.raises(ValueError) as caught:
         fs.load_sparse(path, nn.Linear(1, 3))
     assert "format None" not in str(caught.value)
@@ -398,6 +410,7 @@ def test_a_path_ending_in_a_separator_is_refused_as_a_folder(tmp_path: Path) -> 
     "`export -o out/` or `--onnx out/` (a folder)",
     "CLI exit 1 naming the flag and a file name in it; nothing written",
 )
+@needs_safetensors
 def test_the_export_command_refuses_an_output_ending_in_a_separator(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -412,6 +425,7 @@ def test_the_export_command_refuses_an_output_ending_in_a_separator(
     assert not (tmp_path / "out").exists()
 
 
+@needs_safetensors
 def test_a_forward_wrapped_on_the_instance_keeps_the_spec(tmp_path: Path) -> None:
     # accelerate wraps model.forward in torch.autocast: the same architecture, run
     # another way; load_sparse(path) must still rebuild it.

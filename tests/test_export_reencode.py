@@ -15,12 +15,13 @@ import torch
 from torch import nn
 
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse import cli
 from feather_sparse.export import inspect_sparse, load_sparse, load_sparse_state_dict, save_sparse
 from feather_sparse.export import run as export_run
 from test_export_audit import assert_bit_equal
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_safetensors]
 
 
 class Custom(nn.Module):

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse import Pruner, cli, export
 from feather_sparse.export import (
     export_onnx,
@@ -79,6 +80,7 @@ def onnx_file(tmp_path: Path) -> Path:
 # ---------------------------------------------------------------------------
 
 
+@needs_safetensors
 def test_is_onnx_tells_onnx_models_from_everything_else(onnx_file: Path, tmp_path: Path) -> None:
     from feather_sparse.export.files import is_onnx
 
@@ -107,6 +109,7 @@ def test_is_onnx_tells_onnx_models_from_everything_else(onnx_file: Path, tmp_pat
     "`FileExistsError` (CLI exit 1) naming the file, what it holds and the fix; the file "
     "unchanged, nothing written",
 )
+@needs_safetensors
 def test_a_file_of_unknown_kind_or_an_onnx_model_is_never_replaced(
     onnx_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -142,6 +145,7 @@ def test_a_file_of_unknown_kind_or_an_onnx_model_is_never_replaced(
     assert files(folder) == before
 
 
+@needs_safetensors
 def test_a_file_of_the_same_kind_or_an_empty_file_is_replaced(
     onnx_file: Path, tmp_path: Path
 ) -> None:
@@ -170,6 +174,7 @@ def test_a_file_of_the_same_kind_or_an_empty_file_is_replaced(
     "unknown kind",
     "`FileExistsError` naming the file; the file unchanged",
 )
+@needs_safetensors
 def test_reencode_never_replaces_a_file_of_unknown_kind(tmp_path: Path) -> None:
     source = tmp_path / "weights.fsp"
     save_sparse(pruned_cnn().state_dict(), source)  # a state_dict: no model spec
@@ -186,6 +191,7 @@ def test_reencode_never_replaces_a_file_of_unknown_kind(tmp_path: Path) -> None:
     "`ValueError` (CLI exit 1) naming the file, the suffix to use and the right writer; "
     "nothing written",
 )
+@needs_safetensors
 def test_a_name_that_says_the_other_format_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -209,6 +215,7 @@ def test_a_name_that_says_the_other_format_is_refused(
     assert files(tmp_path) == before
 
 
+@needs_safetensors
 def test_an_output_named_neither_way_is_written_with_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -281,6 +288,7 @@ def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     "model's names, with a warning naming `pruner.finalize()`; loads into the plain model; "
     "the model and its Pruner unchanged",
 )
+@needs_safetensors
 def test_save_sparse_with_a_pruner_attached_saves_what_the_forward_computes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -315,6 +323,7 @@ def test_save_sparse_with_a_pruner_attached_saves_what_the_forward_computes(
     assert pruner.finalize() == pytest.approx(0.8, abs=1e-3)
 
 
+@needs_safetensors
 def test_save_sparse_keeps_other_parametrizations_as_they_are(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

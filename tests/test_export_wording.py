@@ -11,6 +11,7 @@ from torch import nn
 
 import feather_sparse as fs
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse.cli import main
 from feather_sparse.export.header import smaller_or_larger
 
@@ -26,6 +27,7 @@ def test_smaller_or_larger_names_the_direction() -> None:
     "outweigh the weights)",
     "`inspect`, `export` and the save log say `N.NNx larger`; they said `0.52x smaller`",
 )
+@needs_safetensors
 def test_a_file_larger_than_dense_is_called_larger(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:

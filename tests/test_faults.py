@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from _guards import BEGIN, END, ROOT, guard
-from _helpers import checkpoint_state, tiny_config, tiny_run, tiny_run_args
+from _helpers import checkpoint_state, needs_safetensors, tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli, integrity, run_lock
 from feather_sparse.data import cache, mnist1d
 from feather_sparse.export import load_sparse
@@ -369,6 +369,7 @@ def damaged_run(finished_run: Path, tmp_path: Path) -> Path:
     "`export RUN_DIR` whose `last.pt` has a flipped bit (torch still reads it)",
     "warns, exports `prev.pt`; the damaged file is never exported",
 )
+@needs_safetensors
 def test_export_of_a_damaged_run_falls_back_to_the_previous_checkpoint(
     damaged_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -383,6 +384,7 @@ def test_export_of_a_damaged_run_falls_back_to_the_previous_checkpoint(
     assert same_weights(load_sparse(out), load_sparse(expected))  # prev.pt's model, not last.pt's
 
 
+@needs_safetensors
 def test_export_of_a_run_whose_last_checkpoint_is_no_zip_falls_back(
     finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from _guards import guard
-from _helpers import script_module
+from _helpers import needs_safetensors, script_module
 from feather_sparse import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytest.importorskip("safetensors")
+pytestmark = needs_safetensors
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
+from _helpers import needs_safetensors
 from feather_sparse.train.run_dir import _run_logging
 
 
@@ -81,6 +82,7 @@ def test_recurrent_model_alone_says_why_nothing_is_prunable() -> None:
         fs.Pruner(nn.GRU(8, 8), sparsity=0.5, total_steps=10)
 
 
+@needs_safetensors
 def test_save_sparse_names_the_bound_it_compares_to(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -104,6 +106,7 @@ def test_interrupted_run_is_logged_as_stopped(tmp_path: Path) -> None:
     assert "run failed" not in log
 
 
+@needs_safetensors
 def test_inspect_of_an_own_model_says_how_to_load_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

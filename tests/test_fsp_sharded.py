@@ -20,10 +20,15 @@ from torch import nn
 import feather_sparse as fs
 from _dist import launch
 from _guards import guard
+from _helpers import needs_safetensors
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed + gloo"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()),
+        reason="needs torch.distributed + gloo",
+    ),
+    needs_safetensors,
+]
 
 
 def _save_sharded(folder: str, rank: int, world: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
+from _helpers import needs_safetensors
 from feather_sparse.export import fsp
 
 
@@ -45,6 +46,7 @@ def four_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return names
 
 
+@needs_safetensors
 def test_threads_write_the_bytes_one_thread_writes(
     tmp_path: Path, four_threads: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -69,6 +71,7 @@ def test_threads_write_the_bytes_one_thread_writes(
         assert torch.equal(back.state_dict()[key], value), key
 
 
+@needs_safetensors
 def test_a_tied_tensor_is_encoded_once(tmp_path: Path, four_threads: list[str]) -> None:
     fs.save_sparse(mixed_model(), tmp_path / "m.fsp")
     state = mixed_model().state_dict()
@@ -86,6 +89,7 @@ def test_the_error_is_the_first_failing_tensor_in_order(
     assert not (tmp_path / "m.fsp").exists()
 
 
+@needs_safetensors
 def test_one_torch_thread_encodes_in_the_calling_thread(
     tmp_path: Path, four_threads: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,6 +99,7 @@ def test_one_torch_thread_encodes_in_the_calling_thread(
     assert four_threads == [threading.current_thread().name] * len(four_threads)
 
 
+@needs_safetensors
 def test_writing_holds_the_data_twice_at_most(tmp_path: Path) -> None:
     # The chunks were joined, then joined again with the container's header, then
     # once more: a 128 MiB model took 4x its size (about 5x with lzma's buffers).

@@ -17,6 +17,7 @@ from torch import nn
 
 import feather_sparse as fs
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse.cli import main
 from feather_sparse.export import load_sparse_state_dict, reencode_sparse
 from feather_sparse.export.header import (
@@ -25,6 +26,8 @@ from feather_sparse.export.header import (
     FORMAT_VERSION,
 )
 from test_export import _rewrite_header
+
+pytestmark = needs_safetensors
 
 
 class TiedLM(nn.Module):

@@ -15,7 +15,10 @@ import torch
 
 import feather_sparse as fs
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse.export import load_sparse_state_dict
+
+pytestmark = needs_safetensors
 
 
 def _bits(t: torch.Tensor) -> bytes:

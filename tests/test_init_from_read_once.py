@@ -16,8 +16,11 @@ import torch
 from torch import nn
 
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse.export import load_sparse, save_sparse
 from feather_sparse.train.init_from import load_init
+
+pytestmark = needs_safetensors
 
 
 def _pair(tmp_path: Path) -> tuple[Path, nn.Module, Path, nn.Module]:

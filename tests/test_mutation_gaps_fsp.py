@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
+from _helpers import needs_safetensors
 from feather_sparse.export import load_sparse_state_dict
 from feather_sparse.export.header import (
     ALIAS_FORMAT_VERSION,
@@ -67,6 +68,7 @@ def _one_of_four(rows: int = 256, cols: int = 64) -> torch.Tensor:
     return torch.where(keep, groups, 0.0).reshape(rows, cols)  # +0.0: -0.0 is a value
 
 
+@needs_safetensors
 def test_views_of_one_memory_at_other_offsets_or_as_another_dtype_keep_their_values(
     tmp_path: Path,
 ) -> None:
@@ -87,6 +89,7 @@ def test_views_of_one_memory_at_other_offsets_or_as_another_dtype_keep_their_val
         assert loaded[key].dtype == value.dtype and torch.equal(loaded[key], value), key
 
 
+@needs_safetensors
 def test_an_nm_record_whose_non_zero_count_was_edited_is_refused(tmp_path: Path) -> None:
     """The header's count of non-zeros is checked against the decoded N:M values (fsp08)."""
     w = _one_of_four()
@@ -104,6 +107,7 @@ def test_an_nm_record_whose_non_zero_count_was_edited_is_refused(tmp_path: Path)
 
 
 @pytest.mark.parametrize("field", ["library_version", "format_version"])
+@needs_safetensors
 def test_container_metadata_that_differs_from_the_header_is_refused(
     tmp_path: Path, field: str
 ) -> None:
@@ -117,6 +121,7 @@ def test_container_metadata_that_differs_from_the_header_is_refused(
         load_sparse_state_dict(path)
 
 
+@needs_safetensors
 def test_data_longer_than_the_records_is_refused(tmp_path: Path) -> None:
     """Every byte of the data belongs to a record: extra bytes mean a damaged file (fsp11)."""
     path = tmp_path / "m.fsp"
@@ -135,6 +140,7 @@ class _Holder(nn.Module):
         self.other = nn.Linear(4, 2)
 
 
+@needs_safetensors
 def test_a_model_with_one_orig_mod_submodule_keeps_its_keys(tmp_path: Path) -> None:
     """The compile prefix is dropped only when *every* key has it (fsp16)."""
     torch.manual_seed(0)
@@ -151,6 +157,7 @@ def _tied_file(path: Path) -> None:
     assert [r.alias_of for r in fs.inspect_sparse(path).tensors] == [None, "a", "a"]
 
 
+@needs_safetensors
 def test_an_alias_of_a_later_record_is_refused(tmp_path: Path) -> None:
     """An alias names an *earlier* stored record (fsp21): "a" made an alias of "b"."""
     path = tmp_path / "t.fsp"
@@ -166,6 +173,7 @@ def test_an_alias_of_a_later_record_is_refused(tmp_path: Path) -> None:
         fs.inspect_sparse(path)
 
 
+@needs_safetensors
 def test_an_alias_of_an_alias_is_refused(tmp_path: Path) -> None:
     """An alias names an earlier *stored* record, not another alias (fsp22)."""
     path = tmp_path / "t.fsp"
@@ -183,6 +191,7 @@ def test_an_alias_record_holds_no_bytes_and_adds_nothing_to_the_bound() -> None:
     assert alias.dense_bytes == 96 * 32 * 4  # its own dense size, which the file's total skips
 
 
+@needs_safetensors
 def test_a_tied_nm_weight_is_written_at_the_alias_version(tmp_path: Path) -> None:
     """The lowest version that holds an alias *and* an N:M record is 3 (fsp30)."""
     w = _one_of_four()
@@ -205,6 +214,7 @@ def test_entropy_bound_of_an_unstructured_and_an_nm_record() -> None:
     assert nm.entropy_bound_bytes == pytest.approx(16 * math.log2(6) / 8 + 32 * 2, rel=1e-12)
 
 
+@needs_safetensors
 def test_a_pattern_with_another_count_than_its_record_is_refused_by_name(tmp_path: Path) -> None:
     """A bit mask does not store its count: the decoded mask must hold the record's ``nnz``.
 
@@ -240,6 +250,7 @@ class _Scaled(nn.Module):
         self.fc = nn.Linear(3, num_classes)
 
 
+@needs_safetensors
 def test_a_model_rebuilt_from_its_spec_gets_the_files_dtype_for_its_own_top_level_tensors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -261,6 +272,7 @@ def test_a_model_rebuilt_from_its_spec_gets_the_files_dtype_for_its_own_top_leve
         assert got.dtype == torch.float64 and torch.equal(got, value), key
 
 
+@needs_safetensors
 def test_sparsity_counts_the_tensors_stored_sparse_only(tmp_path: Path) -> None:
     """The file's sparsity is over its sparse tensors; dense ones are left out (fsp32)."""
     w = torch.zeros(10, 10)

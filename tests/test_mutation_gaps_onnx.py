@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from _helpers import training_checkpoint
+from _helpers import needs_safetensors, training_checkpoint
 from feather_sparse import Pruner, export
 from feather_sparse.export import (
     export_onnx,
@@ -283,6 +283,7 @@ def test_a_checkpoint_missing_a_weight_is_refused(tmp_path: Path) -> None:
         load_export_source(path)
 
 
+@needs_safetensors
 def test_a_config_that_is_not_json_is_left_out_of_the_metadata(tmp_path: Path) -> None:
     """metadata: "JSON-able facts to store in the .fsp header"."""
     model = cnn()

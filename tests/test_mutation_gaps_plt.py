@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse.analysis import Curve, MaskStability
 from feather_sparse.analysis.flops import FlopsReport, LayerFlops
 from feather_sparse.analysis.layers import LayerSparsity, SparsityDistribution
@@ -344,6 +345,7 @@ def mlp_fsp(tmp_path: Path) -> Path:
     return path
 
 
+@needs_safetensors
 def test_one_file_named_twice_for_o_and_onnx_is_refused(
     mlp_fsp: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -366,6 +368,7 @@ def test_one_file_named_twice_for_o_and_onnx_is_refused(
     assert list(out.iterdir()) == []
 
 
+@needs_safetensors
 def test_an_onnx_target_that_must_not_be_written_stops_the_export_before_o(
     mlp_fsp: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -381,6 +384,7 @@ def test_an_onnx_target_that_must_not_be_written_stops_the_export_before_o(
     assert not out.exists()
 
 
+@needs_safetensors
 def test_an_input_shape_with_a_zero_size_is_refused(
     mlp_fsp: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -403,6 +407,7 @@ def test_an_input_shape_with_a_zero_size_is_refused(
         (math.nan, 1.0, 1),  # NaN is no match
     ],
 )
+@needs_safetensors
 def test_the_onnx_verdict_is_1000_epsilons_of_the_scale_at_least_1(
     diff: float,
     scale: float,

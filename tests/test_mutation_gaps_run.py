@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse import models, provenance, run_lock
 from feather_sparse.export import save_sparse
 from feather_sparse.integrity import (
@@ -174,6 +175,7 @@ def test_a_resume_keeps_the_rows_up_to_its_checkpoint_and_puts_back_a_lost_one(
     "writing `model.fsp` at the end of a run fails (`save_sparse` raises a `ValueError`)",
     "the model is saved as a sealed `model.pt` instead, with a warning; it reads back intact",
 )
+@needs_safetensors
 def test_a_failed_export_still_saves_the_model_sealed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -218,6 +220,7 @@ def test_a_changed_byte_of_a_saved_model_pt_is_detected(tmp_path: Path) -> None:
         run_dir._load_saved_model(path)
 
 
+@needs_safetensors
 def test_only_a_run_with_its_final_row_and_an_intact_model_is_finished(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -403,6 +406,7 @@ def test_numerics_names_the_torch_build_the_processor_and_its_kernels(
 
 
 # ------------------------------------------------------------------ init_from
+@needs_safetensors
 def test_init_from_expands_the_home_folder_and_records_an_absolute_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -419,6 +423,7 @@ def test_init_from_expands_the_home_folder_and_records_an_absolute_path(
 
 
 @pytest.mark.parametrize("kind", ["missing", "text"])
+@needs_safetensors
 def test_resolve_init_checks_the_file_itself(tmp_path: Path, kind: str) -> None:
     """rn30: ``resolve_init`` finds a missing file or one of another kind itself (before
     any data is loaded), with ``init_from:`` first."""

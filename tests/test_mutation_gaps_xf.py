@@ -30,6 +30,7 @@ import feather_sparse.recipes
 import feather_sparse.train.dist as train_dist
 import feather_sparse.train.progress as progress
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse import cli
 from feather_sparse.export import load_sparse, save_sparse
 from feather_sparse.export.files import check_writable, is_onnx
@@ -77,6 +78,7 @@ def test_a_target_anywhere_inside_a_folder_read_is_refused(tmp_path: Path) -> No
             check_writable(target, reads=[checkpoints])
 
 
+@needs_safetensors
 def test_another_name_of_the_file_read_is_refused(tmp_path: Path) -> None:
     """xf07: a hard link to the source is the file being read (another path, the same
     file, which ``resolve`` does not tell); writing there would lose it."""
@@ -99,6 +101,7 @@ def test_a_name_of_the_other_format_is_refused_in_capitals_too(tmp_path: Path) -
         check_writable(tmp_path / "model.FSP", "model.onnx", kind="onnx")
 
 
+@needs_safetensors
 def test_a_damaged_fsp_with_its_header_cut_short_is_replaced(tmp_path: Path) -> None:
     """xf12: a safetensors file whose header cannot be read counts as a ``.fsp`` (the
     docstring of ``_existing_kind``), which a new export may replace."""

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import feather_sparse as fs
+from _helpers import needs_safetensors
 from feather_sparse import cli
 from feather_sparse.export import load_sparse_state_dict, save_sparse
 from feather_sparse.nm import NMBackbone, NMPattern, group_view
@@ -109,6 +110,7 @@ def test_a_conv_whose_channels_do_not_split_is_named() -> None:
         NMBackbone("2:4", conv_order="nhwc")
 
 
+@needs_safetensors
 def test_sparse_file_round_trip_is_bit_exact(tmp_path: Path) -> None:
     model = convnet()
     fs.Pruner(model, pattern="2:4", backbone=CHANNELS).finalize()
@@ -118,6 +120,7 @@ def test_sparse_file_round_trip_is_bit_exact(tmp_path: Path) -> None:
         assert torch.equal(state[key], value), key
 
 
+@needs_safetensors
 def test_training_config_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["train", "--dataset", "synthetic-mnist1d", "--model-kwargs", "{width = 0.25}"]
     args += ["--set", "data_options={train_size = 128, test_size = 64}", "--batch-size", "64"]

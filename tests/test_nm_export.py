@@ -10,6 +10,7 @@ import torch
 
 import feather_sparse as fs
 from _guards import guard
+from _helpers import needs_safetensors
 from _hypothesis import given, settings, st
 from feather_sparse.nm import NMPattern, decode_nm, encode_nm, nm_encoded_bytes, nm_threshold
 from feather_sparse.nm.export import _pack_bits, _unpack_bits
@@ -192,6 +193,7 @@ def test_onnx_export_of_an_nm_model(tmp_path: Path) -> None:
     assert verify_onnx(model, path, torch.randn(5, 1, 40)) < 1e-4
 
 
+@needs_safetensors
 def test_a_float64_subnormal_is_stored_not_mistaken_for_a_zero(tmp_path: Path) -> None:
     """float64 ranking keys drop the lowest bits; the encoding keeps every nonzero anyway."""
     w = torch.tensor([[1.0, 0.0, 0.0, 5e-324], [0.0, 0.0, 2.0, 0.0]], dtype=torch.float64)

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 import feather_sparse as fs
 from _dist import launch, recorded
 from _guards import guard
+from _helpers import SAFETENSORS_MISSING
 from feather_sparse.distributed import shard_cuts
 from feather_sparse.nm import NMPattern
 from feather_sparse.nm.backbone import _splits_groups
@@ -150,6 +151,10 @@ def _runs(runs: list[dict[Any, Any]], layout: str, kind: str) -> list[dict[str, 
     for rank, run in enumerate(out):
         if "error" in run and "No module named 'transformers'" in run["error"]:
             pytest.skip("needs transformers (GPT-2's Conv1D)")
+        if SAFETENSORS_MISSING and "No module named 'safetensors'" in run.get("error", ""):
+            pytest.skip(
+                f"GPT-2's Conv1D needs transformers, which needs safetensors: {SAFETENSORS_MISSING}"
+            )
         assert "error" not in run, f"rank {rank}:\n{run['error']}"
     return out
 

@@ -9,11 +9,12 @@ import torch
 from torch import nn
 
 import feather_sparse as fs
+from _helpers import needs_safetensors
 from feather_sparse.export import codec, inspect_sparse, load_sparse_state_dict, save_sparse
 from feather_sparse.export.header import BASE_FORMAT_VERSION, NM_FORMAT_VERSION
 from feather_sparse.nm import NMPattern, group_view
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_safetensors]
 
 DATA = Path(__file__).parent / "data"
 

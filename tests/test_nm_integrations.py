@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from _helpers import needs_safetensors
 from feather_sparse.integrations._common import PrunerDriver
 from feather_sparse.nm import NMPattern, group_view
 
@@ -30,7 +31,11 @@ def test_driver_trains_and_bakes_an_nm_pattern() -> None:
         assert ((group_view(m.weight, NMPattern(2, 4)) != 0).sum(1) == 2).all()
 
 
-@pytest.mark.parametrize("framework", ["lightning", "hf"])
+@pytest.mark.parametrize(
+    # transformers (which requires safetensors) imports its Trainer only with it
+    "framework",
+    ["lightning", pytest.param("hf", marks=needs_safetensors)],
+)
 def test_a_callback_takes_a_pattern_without_a_sparsity(framework: str) -> None:
     """``FeatherCallback(pattern="2:4")``: the pattern implies the sparsity, as for the Pruner."""
     module = pytest.importorskip("lightning" if framework == "lightning" else "transformers")

@@ -14,6 +14,7 @@ import torch
 
 import feather_sparse as fs
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse.export import load_sparse_state_dict
 from feather_sparse.nm import decode_nm, encode_nm
 from test_export import _rewrite_header
@@ -61,6 +62,7 @@ def test_decode_nm_takes_the_shapes_encode_nm_takes() -> None:
     "under a valid CRC",
     "`ValueError` naming the tensor, the shape and M; no state_dict returned",
 )
+@needs_safetensors
 def test_load_refuses_an_nm_record_whose_rows_are_not_whole_groups(tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(1)
     groups = torch.randn(256, 16, 4, generator=g)

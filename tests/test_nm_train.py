@@ -11,7 +11,7 @@ import torch
 
 import feather_sparse as fs
 from _guards import guard
-from _helpers import straight_and_resumed, tiny_config, tiny_run, tiny_run_args
+from _helpers import needs_safetensors, straight_and_resumed, tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli
 from feather_sparse.methods import pruner_config
 from feather_sparse.nm import NMPattern, group_view
@@ -66,6 +66,7 @@ def test_pattern_errors_name_the_problem() -> None:
         small_config(seed=2**64)
 
 
+@needs_safetensors
 def test_cli_trains_an_nm_model_end_to_end(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse import Pruner, cli, export
 from feather_sparse.export import (
     SparseLinear,
@@ -87,6 +88,7 @@ def test_a_large_model_onnx_checker_rejects_is_removed_with_its_data(
     "`export --onnx` of a bfloat16 `.fsp` whose ONNX export is invalid",
     "exit 1, the error naming `onnx.checker`; no `.onnx` written",
 )
+@needs_safetensors
 def test_cli_export_of_an_invalid_onnx_model_exits_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -104,6 +106,7 @@ def test_cli_export_of_an_invalid_onnx_model_exits_1(
     "`export --onnx` writes a file onnxruntime (installed) cannot run",
     "exit 1, the error naming onnxruntime's complaint; not reported as unverified",
 )
+@needs_safetensors
 def test_cli_onnxruntime_failing_on_the_file_exits_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -122,6 +125,7 @@ def test_cli_onnxruntime_failing_on_the_file_exits_1(
     assert "onnxruntime cannot run" in out.err and "do not deploy it" in out.err
 
 
+@needs_safetensors
 def test_cli_without_onnxruntime_says_not_verified_and_exits_0(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -379,6 +383,7 @@ def test_a_wrong_dtype_and_a_wrong_shape_is_blamed_on_the_shape(tmp_path: Path) 
     "`inspect`, `inspect_sparse` or `load_sparse` given an intact ONNX model",
     "`ValueError` (CLI exit 1) saying it is an ONNX model, not a sparse checkpoint",
 )
+@needs_safetensors
 def test_an_onnx_model_is_named_as_one_where_a_fsp_is_expected(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -406,6 +411,7 @@ def test_an_onnx_model_is_named_as_one_where_a_fsp_is_expected(
     "`create_model` given NumPy scalars or a one-shot iterator as options",
     "the spec records Python numbers and lists, so the `.fsp` keeps it and rebuilds the model",
 )
+@needs_safetensors
 def test_create_model_records_numpy_values_and_iterators_as_plain_python(
     tmp_path: Path,
 ) -> None:

@@ -18,6 +18,7 @@ from torch import nn
 
 import feather_sparse as fs
 from _guards import guard
+from _helpers import needs_safetensors
 
 ORIGINAL = "parametrizations.weight.original"
 
@@ -298,6 +299,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
     "attached (tied embeddings), then `from_pretrained()`",
     "the folder holds the plain keys: every weight loads (the dense ones), none is re-initialised",
 )
+@needs_safetensors  # save_pretrained writes model.safetensors (transformers requires it)
 def test_save_pretrained_while_attached_loads_back_with_every_weight(tmp_path: Path) -> None:
     config = transformers.GPT2Config(
         vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=32, bos_token_id=0,

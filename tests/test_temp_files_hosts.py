@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from _guards import guard
+from _helpers import needs_safetensors
 from feather_sparse import integrity
 from feather_sparse.export import save_sparse
 from feather_sparse.train.run_dir import _prepare
@@ -41,6 +42,7 @@ def test_only_this_hosts_dead_writers_files_are_removed(tmp_path: Path) -> None:
     assert alive_here.exists() and other_host.exists()
 
 
+@needs_safetensors
 def test_a_temporary_file_is_named_with_this_process_and_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

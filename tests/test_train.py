@@ -22,7 +22,14 @@ from torch import nn
 
 import feather_sparse as fs
 from _guards import guard
-from _helpers import checkpoint_state, straight_and_resumed, tiny_config, tiny_run, tiny_run_args
+from _helpers import (
+    checkpoint_state,
+    needs_safetensors,
+    straight_and_resumed,
+    tiny_config,
+    tiny_run,
+    tiny_run_args,
+)
 from feather_sparse import cli
 from feather_sparse.methods import pruner_config
 from feather_sparse.provenance import numerics
@@ -426,11 +433,11 @@ def test_resume_restores_every_rng(tmp_path: Path) -> None:
         assert torch.equal(value, b["model"][key]), key
 
 
+@needs_safetensors
 def test_saved_model_and_export_of_the_run_agree(tmp_path: Path) -> None:
     """``model.fsp`` holds the finalized model, and ``feather-sparse export RUN_DIR``
     rebuilds the same weights from the last checkpoint."""
     export = pytest.importorskip("feather_sparse.export")
-    pytest.importorskip("safetensors")
     run = tmp_path / "run"
     result = train(small_config(), run, progress=False)
     assert result.model_path == run / "model.fsp"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from _guards import guard
-from _helpers import tiny_config, tiny_run, tiny_run_args
+from _helpers import needs_safetensors, tiny_config, tiny_run, tiny_run_args
 from feather_sparse import cli
 from feather_sparse.bench.runner import run_key
 from feather_sparse.export import load_sparse_state_dict
@@ -48,6 +48,7 @@ def spy_on_loading(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, torch.Tens
     "before the Pruner attaches; `config.json` records the file and its SHA-256",
 )
 @pytest.mark.parametrize("give", ["folder", "file"])
+@needs_safetensors
 def test_a_run_starts_from_the_weights_it_is_given(
     dense_run: Path, tmp_path: Path, give: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -87,7 +88,17 @@ def test_without_init_from_the_run_is_as_before(tmp_path: Path) -> None:
     "(the `feather-sparse export` command for a checkpoint or an unfinished run; the "
     "safetensors install for a `model.pt`)",
 )
-@pytest.mark.parametrize("kind", ["missing", "unfinished", "plain", "checkpoint", "text"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        # the file's own checks come after the reader's: without safetensors, the error names it
+        pytest.param("missing", marks=needs_safetensors),
+        "unfinished",
+        "plain",
+        pytest.param("checkpoint", marks=needs_safetensors),
+        pytest.param("text", marks=needs_safetensors),
+    ],
+)
 def test_a_wrong_init_from_is_refused_before_training(
     kind: str, dense_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -127,6 +138,7 @@ def test_a_wrong_init_from_is_refused_before_training(
     "CLI exit 1 naming the tensors that differ, before the first step; the same folder then "
     "trains with a file that fits",
 )
+@needs_safetensors
 def test_weights_of_another_architecture_are_refused_naming_the_tensors(
     dense_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -140,6 +152,7 @@ def test_weights_of_another_architecture_are_refused_naming_the_tensors(
     assert cli.main(["train", *argv, "--init-from", str(dense_run)]) == 0
 
 
+@needs_safetensors
 def test_a_resumed_run_keeps_its_weights_and_records_without_the_file(
     dense_run: Path, tmp_path: Path
 ) -> None:
