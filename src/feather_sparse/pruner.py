@@ -1288,10 +1288,9 @@ class Pruner:
         return reg
 
     def swapped(self) -> contextlib.AbstractContextManager[bool]:
-        """A block for one step's forwards and backwards on ``P_T(w)`` written into the
-        stored weights: the same gradients as the usual step, fewer operations per layer.
+        """A block for one step's forwards and backwards on ``P_T(w)`` in the stored weights.
 
-        ::
+        The same gradients as the usual step, with fewer operations per layer::
 
             with pruner.swapped():
                 loss_fn(model(x), y).backward()

@@ -100,6 +100,9 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
     See the module docstring. Yields whether the weights were swapped (False:
     the usual step, see :func:`swap_refusal`).
 
+    Args:
+        pruner: an attached Pruner.
+
     Raises:
         RuntimeError: when entered inside another ``swapped()`` block of the
             same Pruner, or when a stored weight was written inside the block
