@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests._helpers import needs_safetensors
 from torch import nn
 
 from feather_sparse.export import save_sparse
@@ -88,3 +89,27 @@ sys.exit(pytest.main(sys.argv[1:]))
     assert done.returncode == 0, out
     assert "1 passed, 3 skipped" in out, out
     assert "safetensors is not installed; install it with: pip install -e '.[export]'" in out
+
+
+@needs_safetensors
+def test_without_safetensors_a_wrong_path_is_named_before_the_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing file, a folder or a PyTorch checkpoint is named as such: installing
+    safetensors would not have helped. A real ``.fsp`` then names the install."""
+    from feather_sparse.export import inspect_sparse, load_sparse
+
+    fsp = tmp_path / "m.fsp"
+    save_sparse(nn.Linear(4, 4), fsp)  # written while the package is there
+    torch.save({"state_dict": {}}, tmp_path / "ckpt.pt")
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    for read in (load_sparse, inspect_sparse):
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            read(tmp_path / "missing.fsp")
+        with pytest.raises(IsADirectoryError, match="is a folder"):
+            read(tmp_path)
+        with pytest.raises(ValueError, match="is a PyTorch checkpoint"):
+            read(tmp_path / "ckpt.pt")
+        with pytest.raises(ValueError, match="need the safetensors package") as caught:
+            read(fsp)
+        assert INSTALL in str(caught.value)

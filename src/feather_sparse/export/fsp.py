@@ -748,13 +748,12 @@ def _read(
     with the same checks, and the file is not opened again (so that a caller
     that hashes them records the hash of exactly what was loaded).
     """
-    safetensors = _safetensors("safetensors")
-    safe_open, SafetensorError = safetensors.safe_open, safetensors.SafetensorError
     p = Path(path)
     if content is not None:
+        safetensors = _safetensors("safetensors")
         try:
             return _parse_container(p, with_data, *_entries_of(safetensors, content))
-        except SafetensorError as err:
+        except safetensors.SafetensorError as err:
             raise ValueError(
                 f"{p} is not a readable feather-sparse checkpoint (truncated or corrupted?): {err}"
             ) from None
@@ -784,6 +783,10 @@ def _read(
             f"{p} is not a readable feather-sparse checkpoint (truncated or corrupted, or another "
             "kind of file): it does not start with a safetensors header"
         )
+    # after the checks that need no safetensors: a missing path, a folder or another
+    # kind of file is named as such, also where the package is not installed
+    safetensors = _safetensors("safetensors")
+    safe_open, SafetensorError = safetensors.safe_open, safetensors.SafetensorError
     try:
         with safe_open(str(p), framework="pt", device="cpu") as f:
             return _parse_container(
