@@ -77,6 +77,7 @@ def test_there_are_mutant_modules() -> None:
         "m_bas",
         "m_bbn",
         "m_pr2",
+        "m_swp",
     }
     assert expected <= set(MODULES)
 

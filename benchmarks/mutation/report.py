@@ -1145,6 +1145,23 @@ LOC = {
     "pr238": "`PrunerReport.table`",
     "pr239": "`FeatherParametrization._apply`",
     "pr240": "`_recurrent_weights`",
+    "sw01": "`swap_refusal` (θ)",
+    "sw02": "`swap_refusal` (SR-STE's decay)",
+    "sw03": "`swap_refusal` (the operator)",
+    "sw04": "`swap_refusal` (the backbone's forward)",
+    "sw05": "`swap_refusal` (the layout)",
+    "sw06": "`swapped` (the swap in)",
+    "sw07": "`swapped` (the pass-through)",
+    "sw08": "`_restore`",
+    "sw09": "`swapped` (an error inside)",
+    "sw10": "`swapped` (a write inside)",
+    "sw11": "`swapped` (the versions)",
+    "sw12": "`swapped` (the Pruner marked)",
+    "sw13": "`swapped` (nested)",
+    "sw14": "`FeatherParametrization.forward`",
+    "sw15": "`Pruner.report`",
+    "sw16": "`Pruner.__setstate__`",
+    "sw17": "`_train_epoch` (train/loop.py)",
 }
 EQUIV = {
     "ops13": "equivalent: with `a = sign(|w| − T) ∈ {−1, 0, 1}` and θ ∈ [0, 1], `θ + a` and `θ + 2a` clamp to the same θ, θ, 1",
@@ -1256,6 +1273,10 @@ MODULES = (
     (
         "pr2",
         "`pruner.py` beyond the first audit (layer selection, tied weights, attach, `from_state_dict`, the state checks, the report table)",
+    ),
+    (
+        "swp",
+        "`swap.py`, the pass-through in `pruner.py`, the loop's block (`Pruner.swapped()`)",
     ),
 )
 

@@ -1,0 +1,126 @@
+"""Mutants of ``Pruner.swapped()``: src/feather_sparse/swap.py (which steps swap, the
+swap in and out, the refusals), the parametrization's pass-through in pruner.py,
+and the training loop's use of the block (docs/mutation-audit.md, "swapped()").
+
+A mutant with a ``file`` key mutates that file instead of FILE.
+"""
+
+FILE = "src/feather_sparse/swap.py"
+PRUNER = "src/feather_sparse/pruner.py"
+LOOP = "src/feather_sparse/train/loop.py"
+TIMEOUT = 300
+TESTS = ["tests/test_swap.py"]
+
+MUTATIONS = [
+    # --- which steps swap: only where the backward is the identity
+    dict(
+        id="sw01",
+        desc="θ < 1 swaps too (its pruned weights' gradients would not be scaled)",
+        old="    if any(p.theta != 1.0 for p in layers):",
+        new="    if False:",
+    ),
+    dict(
+        id="sw02",
+        desc="SR-STE's decay swaps too (its gradient term would be lost)",
+        old="        if backbone.decay != 0.0:",
+        new="        if False:",
+    ),
+    dict(
+        id="sw03",
+        desc="an operator other than P_T (ST-3) swaps too",
+        old="    if not isinstance(pruner.operator, ThresholdOperator):",
+        new="    if False:",
+    ),
+    dict(
+        id="sw04",
+        desc="a backbone with a forward of its own (ASL+, Spartan) swaps too",
+        old="        if not isinstance(backbone, NMBackbone):",
+        new="        if False:",
+    ),
+    dict(
+        id="sw05",
+        desc="a non-contiguous weight swaps too",
+        old="        if not weight.is_contiguous():",
+        new="        if False:",
+    ),
+    # --- the swap in and out
+    dict(
+        id="sw06",
+        desc="P_T(w) not written into the stored weights (the layers meet w)",
+        old="        dense = [w.clone() for w in stored]\n        _copy_each(stored, written)",
+        new="        dense = [w.clone() for w in stored]",
+    ),
+    dict(
+        id="sw07",
+        desc="the parametrizations not told to pass the stored weight through",
+        old="    for p in layers:\n        p.passthrough = True",
+        new="    for p in layers:\n        p.passthrough = False",
+    ),
+    dict(
+        id="sw08",
+        desc="the dense weights not written back when the block ends",
+        old="    with torch.no_grad():\n        _copy_each(stored, dense)\n    pruner._swap = None",
+        new="    pruner._swap = None",
+    ),
+    dict(
+        id="sw09",
+        desc="an error inside the block leaves P_T(w) in the weights",
+        old="    except BaseException:\n        _restore(pruner, layers, stored, dense)\n        raise",
+        new="    except BaseException:\n        pruner._swap = None\n        raise",
+    ),
+    # --- the refusals
+    dict(
+        id="sw10",
+        desc="an optimizer step inside the block is not refused (its update silently undone)",
+        old="    if changed:\n        raise RuntimeError(",
+        new="    if False:\n        raise RuntimeError(",
+    ),
+    dict(
+        id="sw11",
+        desc="the versions taken before P_T(w) is written (every block refused)",
+        old="        _copy_each(stored, written)\n    # An in-place write (an optimizer step) moves a weight's version counter: a check\n    # on the host, which never waits for a GPU.\n    versions = [w._version for w in stored]",
+        new="        versions = [w._version for w in stored]\n        _copy_each(stored, written)",
+    ),
+    dict(
+        id="sw12",
+        desc="the Pruner not marked inside the block (its step() reads P_T(w) as dense)",
+        old="    pruner._swap = True\n",
+        new="",
+    ),
+    dict(
+        id="sw13",
+        desc="a nested block not refused",
+        old="    if pruner._swap is not None:\n        raise RuntimeError(\n            \"pruner.swapped() entered",
+        new="    if False:\n        raise RuntimeError(\n            \"pruner.swapped() entered",
+    ),
+    # --- pruner.py: the pass-through and the refusals there
+    dict(
+        id="sw14",
+        desc="the parametrization ignores the pass-through (P_T applied to P_T(w))",
+        old="        if self.passthrough:  # inside Pruner.swapped(): the stored weight is P_T(w)\n            return weight\n",
+        new="",
+        file=PRUNER,
+    ),
+    dict(
+        id="sw15",
+        desc="report() not refused inside the block",
+        old='        self._refuse_while_swapped("report()")\n',
+        new="",
+        file=PRUNER,
+    ),
+    dict(
+        id="sw16",
+        desc="a copy of an attached Pruner made inside the block believes itself inside it",
+        old="        self._swap = None  # a copy is not inside its original's swapped() block\n",
+        new="",
+        file=PRUNER,
+    ),
+    # --- the training loop
+    dict(
+        id="sw17",
+        desc="the training loop runs the usual step (no swapped() block)",
+        old="with contextlib.nullcontext() if pruner is None else pruner.swapped():",
+        new="with contextlib.nullcontext():",
+        file=LOOP,
+    ),
+]
