@@ -277,3 +277,35 @@ def test_swapped_blocks_on_cuda_train_the_usual_bits_and_never_wait(
         return {k: v.cpu() for k, v in pruner.dense_state_dict().items()}
 
     assert_same_bits(trained(True), trained(False))
+
+
+def test_a_compiled_model_swaps_to_the_usual_bits() -> None:
+    """torch.compile traces the pass-through as a second graph (the flag is guarded):
+    training in the block gives the eager bits, and the usual forward after it too."""
+    import contextlib
+
+    import torch._dynamo
+
+    def trained(swapped: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+        pruner = fs.Pruner(model, pattern="2:4")
+        forward = torch.compile(model, backend="aot_eager")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            x = torch.randn(8, 16, generator=gen)
+            opt.zero_grad()
+            with pruner.swapped() if swapped else contextlib.nullcontext():
+                forward(x).square().mean().backward()
+            opt.step()
+            pruner.step()
+        with torch.no_grad():
+            out = forward(torch.ones(2, 16))
+        torch._dynamo.reset()
+        return pruner.dense_state_dict(), out
+
+    (usual, usual_out), (swapped, swapped_out) = trained(False), trained(True)
+    assert_same_bits(swapped, usual)
+    assert torch.equal(swapped_out, usual_out)
