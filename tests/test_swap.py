@@ -99,22 +99,18 @@ def assert_same_bits(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
         assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
 
 
-@pytest.mark.parametrize("name", list(PRUNERS))
-def test_swapped_steps_train_the_usual_bits(name: str) -> None:
-    usual, _ = run(PRUNERS[name], swapped=False)
-    swapped, yielded = run(PRUNERS[name], swapped=True)
-    assert yielded == [True] * 6
+@pytest.mark.parametrize(
+    ("name", "swaps"), [*((name, True) for name in PRUNERS), *((name, False) for name in USUAL)]
+)
+def test_blocks_train_the_usual_bits_and_swap_where_the_backward_is_the_identity(
+    name: str, swaps: bool
+) -> None:
+    make = {**PRUNERS, **USUAL}[name]
+    usual, _ = run(make, swapped=False)
+    swapped, yielded = run(make, swapped=True)
+    assert yielded == [swaps] * 6  # elsewhere the block runs the usual step
     assert_same_bits(swapped, usual)
-
-
-@pytest.mark.parametrize("name", list(USUAL))
-def test_where_the_gradient_is_not_the_identity_the_block_runs_the_usual_step(name: str) -> None:
-    usual, _ = run(USUAL[name], swapped=False)
-    swapped, yielded = run(USUAL[name], swapped=True)
-    assert yielded == [False] * 6
-    assert_same_bits(swapped, usual)
-    model = net()
-    assert swap.swap_refusal(USUAL[name](model)) is not None
+    assert (swap.swap_refusal(make(net())) is None) == swaps
 
 
 def test_inside_the_block_the_stored_weights_are_the_forward_weights() -> None:
