@@ -90,8 +90,8 @@ MUTATIONS = [
     dict(
         id="sw13",
         desc="a nested block not refused",
-        old="    if pruner._swap is not None:\n        raise RuntimeError(\n            \"pruner.swapped() entered",
-        new="    if False:\n        raise RuntimeError(\n            \"pruner.swapped() entered",
+        old='    if pruner._swap is not None:\n        raise RuntimeError(\n            "pruner.swapped() entered',
+        new='    if False:\n        raise RuntimeError(\n            "pruner.swapped() entered',
     ),
     # --- pruner.py: the pass-through and the refusals there
     dict(
