@@ -1,11 +1,12 @@
 """What a design without a parametrization per layer would cost: 2:4 by weight swapping (CPU).
 
-Not a feature of the library: a measured prototype, for the decision the
-CPU step target of N:M (≤ 1.1× dense) needs (docs/benchmarks-nm.md, "The
-CNN's layers fused"). The Pruner computes ``P_T(w)`` inside each layer's
-``torch.nn.utils.parametrize`` access; the prototype instead computes every
-2:4 layer's ``P_T(w)`` in one pass before the forward (the fused pass the
-Pruner uses: :func:`feather_sparse.nm.operator._nm_forward` over the
+A measured prototype, the floor of the design the library's
+``Pruner.swapped()`` follows (docs/benchmarks-nm.md, "A design that would
+meet the target"): it drops the parametrizations and ``pruner.step()``'s
+work beyond the finite check, which ``swapped()`` keeps. The Pruner computes
+``P_T(w)`` inside each layer's ``torch.nn.utils.parametrize`` access; the
+prototype instead computes every 2:4 layer's ``P_T(w)`` in one pass before
+the forward (the fused pass the Pruner uses: :func:`feather_sparse.nm.operator._nm_forward` over the
 concatenated weights), writes it into the plain weights, runs forward and
 backward on the unmodified model, and writes the dense weights back before
 the optimizer step. With θ = 1 the gradient of the swapped-in weight *is*
