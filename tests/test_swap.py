@@ -305,3 +305,29 @@ def test_a_compiled_model_swaps_to_the_usual_bits() -> None:
     (usual, usual_out), (swapped, swapped_out) = trained(False), trained(True)
     assert_same_bits(swapped, usual)
     assert torch.equal(swapped_out, usual_out)
+
+
+def test_layers_over_the_line_keep_the_usual_forward_inside_the_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Swapping a large layer costs more than it saves: above ``SWAP_MAX_NUMEL`` a layer
+    keeps its dense stored weight and its usual forward, the small ones are swapped,
+    and the training is the usual one either way."""
+    monkeypatch.setattr(swap, "SWAP_MAX_NUMEL", 300)  # conv (128) and head (256) only
+    model = net()
+    pruner = fs.Pruner(model, pattern="2:4")
+    dense = pruner.dense_state_dict()
+    pruned = pruner.dense_state_dict(pruned=True)
+    with pruner.swapped() as on:
+        assert on
+        assert torch.equal(model.conv.parametrizations.weight.original, pruned["conv.weight"])
+        assert torch.equal(model.head.parametrizations.weight.original, pruned["head.weight"])
+        assert torch.equal(model.fc.parametrizations.weight.original, dense["fc.weight"])
+        assert not pruner._parametrization(pruner.targets[1]).passthrough  # fc
+    usual, _ = run(PRUNERS["2:4"], swapped=False)
+    mixed, yielded = run(PRUNERS["2:4"], swapped=True)
+    assert yielded == [True] * 6
+    assert_same_bits(mixed, usual)
+    monkeypatch.setattr(swap, "SWAP_MAX_NUMEL", 100)  # no layer is that small
+    with pruner.swapped() as on:
+        assert not on

@@ -15,6 +15,9 @@ the dense weights back before the optimizer updates them::
     optimizer.step()
     pruner.step()
 
+Only layers of at most :data:`SWAP_MAX_NUMEL` weights are swapped; a larger
+layer keeps its usual forward inside the block (for it swapping costs more
+than it saves), and where no layer is that small the block yields ``False``.
 The gradients, hence the training, are bit for bit those of the usual step
 (``tests/test_swap.py``); on a CPU the step is cheaper
 (``benchmarks/bench_nm_step.py``, docs/benchmarks-nm.md): the forward weights
@@ -56,10 +59,20 @@ from feather_sparse.nm.backbone import NMBackbone
 from feather_sparse.ops import ThresholdOperator
 from feather_sparse.pruner import FeatherParametrization, Pruner, _copy_each, _overrides
 
-__all__ = ["swap_refusal", "swapped"]
+__all__ = ["SWAP_MAX_NUMEL", "swap_refusal", "swapped"]
 
 #: Stored weight types written as a whole (a DTensor or a wrapper is not).
 _PLAIN = (Tensor, nn.Parameter)
+
+#: Layers of more weights than this keep the usual forward inside the block.
+#: Swapping a layer costs three passes over its weight (the dense copy, P_T(w)
+#: written in, the dense weight written back) and its P_T(w) without the
+#: operator's reused output memory; it saves a fixed cost per access. For a
+#: large layer with one forward per step that is a loss: the 50M-parameter
+#: MLP's step (four layers of 12.5M weights) took 3.20× the dense step with
+#: every layer swapped, against 1.49× as usual (docs/benchmarks.md).
+#: Read at each block: set it before a block to move the line.
+SWAP_MAX_NUMEL = 1 << 17
 
 
 def swap_refusal(pruner: Pruner) -> str | None:
@@ -115,14 +128,16 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
             "Pruner: one block holds a step's forwards and backwards"
         )
     pruner._check_attached("swapped()")
-    if swap_refusal(pruner) is not None:
+    targets = [t for t in pruner.targets if 0 < t.numel <= SWAP_MAX_NUMEL]
+    if swap_refusal(pruner) is not None or not targets:
         yield False
         return
-    layers = [pruner._parametrization(t) for t in pruner.parametrized_layers()]
-    stored = pruner.weights()
+    # a tied layer shares its target's parametrization: it passes through with it
+    layers = [pruner._parametrization(t) for t in targets]
+    stored = [t.weight for t in targets]
     with torch.no_grad():
         # computed as the forward computes them (the N:M backbone's fused pass included)
-        written = [pruner._parametrization(t)(w) for t, w in zip(pruner.targets, stored)]
+        written = [p(w) for p, w in zip(layers, stored)]
         dense = [w.clone() for w in stored]
         _copy_each(stored, written)
     # An in-place write (an optimizer step) moves a weight's version counter: a check
@@ -136,7 +151,7 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
     except BaseException:
         _restore(pruner, layers, stored, dense)
         raise
-    changed = [t.name for t, w, v in zip(pruner.targets, stored, versions) if w._version != v]
+    changed = [t.name for t, w, v in zip(targets, stored, versions) if w._version != v]
     _restore(pruner, layers, stored, dense)
     if changed:
         raise RuntimeError(
