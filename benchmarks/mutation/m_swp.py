@@ -115,6 +115,19 @@ MUTATIONS = [
         new="",
         file=PRUNER,
     ),
+    # --- the line above which a layer keeps its usual forward
+    dict(
+        id="sw18",
+        desc="every layer swapped, however large (three copies of a 12.5M-weight layer per step)",
+        old="    targets = [t for t in pruner.targets if 0 < t.numel <= SWAP_MAX_NUMEL]",
+        new="    targets = [t for t in pruner.targets if 0 < t.numel]",
+    ),
+    dict(
+        id="sw19",
+        desc="a block with no layer under the line says it swapped",
+        old="    if swap_refusal(pruner) is not None or not targets:",
+        new="    if swap_refusal(pruner) is not None:",
+    ),
     # --- the training loop
     dict(
         id="sw17",
