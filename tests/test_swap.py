@@ -328,6 +328,10 @@ def test_layers_over_the_line_keep_the_usual_forward_inside_the_block(
     mixed, yielded = run(PRUNERS["2:4"], swapped=True)
     assert yielded == [True] * 6
     assert_same_bits(mixed, usual)
+    other = net()  # a large layer in another layout does not stop the small ones
+    other.fc.weight = nn.Parameter(torch.randn(80, 16).t())
+    assert swap.swap_refusal(fs.Pruner(other, pattern="2:4")) is None
     monkeypatch.setattr(swap, "SWAP_MAX_NUMEL", 100)  # no layer is that small
+    assert "no layer has at most 100 weights" in (swap.swap_refusal(pruner) or "")
     with pruner.swapped() as on:
         assert not on

@@ -119,14 +119,14 @@ MUTATIONS = [
     dict(
         id="sw18",
         desc="every layer swapped, however large (three copies of a 12.5M-weight layer per step)",
-        old="    targets = [t for t in pruner.targets if 0 < t.numel <= SWAP_MAX_NUMEL]",
-        new="    targets = [t for t in pruner.targets if 0 < t.numel]",
+        old="    return [t for t in pruner.targets if 0 < t.numel <= SWAP_MAX_NUMEL]",
+        new="    return [t for t in pruner.targets if 0 < t.numel]",
     ),
     dict(
         id="sw19",
         desc="a block with no layer under the line says it swapped",
-        old="    if swap_refusal(pruner) is not None or not targets:",
-        new="    if swap_refusal(pruner) is not None:",
+        old='    if not targets:\n        return f"no layer has at most',
+        new='    if False:\n        return f"no layer has at most',
     ),
     # --- the training loop
     dict(

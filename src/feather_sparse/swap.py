@@ -18,6 +18,7 @@ the dense weights back before the optimizer updates them::
 Only layers of at most :data:`SWAP_MAX_NUMEL` weights are swapped; a larger
 layer keeps its usual forward inside the block (for it swapping costs more
 than it saves), and where no layer is that small the block yields ``False``.
+The checks of the weights below apply to the layers it would write.
 The gradients, hence the training, are bit for bit those of the usual step
 (``tests/test_swap.py``); on a CPU the step is cheaper
 (``benchmarks/bench_nm_step.py``, docs/benchmarks-nm.md): the forward weights
@@ -55,6 +56,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from feather_sparse.backbones import PruneTarget
 from feather_sparse.nm.backbone import NMBackbone
 from feather_sparse.ops import ThresholdOperator
 from feather_sparse.pruner import FeatherParametrization, Pruner, _copy_each, _overrides
@@ -97,13 +99,21 @@ def swap_refusal(pruner: Pruner) -> str | None:
         return "inside a compiled or torch.func call"
     if torch.is_inference_mode_enabled():
         return "in inference mode"
-    for t in pruner.targets:
+    targets = _swappable(pruner)
+    if not targets:
+        return f"no layer has at most {SWAP_MAX_NUMEL:,} weights (larger ones are not swapped)"
+    for t in targets:  # the layers the block would write
         weight = t.weight
         if type(weight) not in _PLAIN:
             return f"the weight of {t.name!r} is sharded or wrapped ({type(weight).__name__})"
         if not weight.is_contiguous():
             return f"the weight of {t.name!r} is not in the contiguous layout"
     return None
+
+
+def _swappable(pruner: Pruner) -> list[PruneTarget]:
+    """The layers a block writes: those of at most :data:`SWAP_MAX_NUMEL` weights."""
+    return [t for t in pruner.targets if 0 < t.numel <= SWAP_MAX_NUMEL]
 
 
 @contextlib.contextmanager
@@ -128,10 +138,10 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
             "Pruner: one block holds a step's forwards and backwards"
         )
     pruner._check_attached("swapped()")
-    targets = [t for t in pruner.targets if 0 < t.numel <= SWAP_MAX_NUMEL]
-    if swap_refusal(pruner) is not None or not targets:
+    if swap_refusal(pruner) is not None:
         yield False
         return
+    targets = _swappable(pruner)
     # a tied layer shares its target's parametrization: it passes through with it
     layers = [pruner._parametrization(t) for t in targets]
     stored = [t.weight for t in targets]
