@@ -224,8 +224,11 @@ def test_a_copy_made_inside_the_block_is_not_inside_it() -> None:
     model = net()
     pruner = fs.Pruner(model, pattern="2:4")
     with pruner.swapped():
-        _, other = copy.deepcopy((model, pruner))
+        other_model, other = copy.deepcopy((model, pruner))
+        alone = copy.deepcopy(model)
     assert other._swap is None
+    for copied in (other_model, alone):  # its layers compute their forward again
+        assert not copied.fc.parametrizations.weight[0].passthrough
     other.step()
 
 

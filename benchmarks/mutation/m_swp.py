@@ -115,6 +115,13 @@ MUTATIONS = [
         new="",
         file=PRUNER,
     ),
+    dict(
+        id="sw20",
+        desc="a copy of the model made inside the block keeps passing its stored weight through",
+        old='        state.pop("passthrough", None)\n',
+        new="",
+        file=PRUNER,
+    ),
     # --- the line above which a layer keeps its usual forward
     dict(
         id="sw18",

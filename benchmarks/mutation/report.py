@@ -1164,6 +1164,7 @@ LOC = {
     "sw17": "`_train_epoch` (train/loop.py)",
     "sw18": "`swapped` (the line)",
     "sw19": "`swapped` (nothing under the line)",
+    "sw20": "`FeatherParametrization.__getstate__`",
 }
 EQUIV = {
     "ops13": "equivalent: with `a = sign(|w| − T) ∈ {−1, 0, 1}` and θ ∈ [0, 1], `θ + a` and `θ + 2a` clamp to the same θ, θ, 1",

@@ -168,6 +168,13 @@ class FeatherParametrization(nn.Module):
             )
         return self.operator(local, self.threshold, self.theta)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled and deep-copied without the pass-through: a copy made inside a
+        ``swapped()`` block is not in it (no block would end it)."""
+        state: dict[str, Any] = super().__getstate__()
+        state.pop("passthrough", None)
+        return state
+
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
         # ``model.half()``/``model.to(torch.bfloat16)`` after attaching converts every
         # floating buffer; the threshold stays in the operator's compute dtype (float32
