@@ -93,6 +93,11 @@ class _usual:
         return None
 
 
+def snapshot(pruner: fs.Pruner, **kwargs: Any) -> dict[str, torch.Tensor]:
+    """``dense_state_dict`` copied: its tensors share the live weights' memory."""
+    return {k: v.clone() for k, v in pruner.dense_state_dict(**kwargs).items()}
+
+
 def assert_same_bits(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     for key in a:
@@ -116,8 +121,8 @@ def test_blocks_train_the_usual_bits_and_swap_where_the_backward_is_the_identity
 def test_inside_the_block_the_stored_weights_are_the_forward_weights() -> None:
     model = net()
     pruner = fs.Pruner(model, pattern="2:4")
-    dense = pruner.dense_state_dict()
-    pruned = pruner.dense_state_dict(pruned=True)
+    dense = snapshot(pruner)
+    pruned = snapshot(pruner, pruned=True)
     x = torch.randn(2, 4, 13)
     with torch.no_grad():
         expected = model(x)
@@ -137,7 +142,7 @@ def test_an_optimizer_step_inside_the_block_is_refused_and_the_weights_kept() ->
     model = net()
     pruner = fs.Pruner(model, sparsity=0.9, total_steps=6)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    before = pruner.dense_state_dict()
+    before = snapshot(pruner)
     refused = pytest.raises(RuntimeError, match=r"'fc'.*written inside the block.*optimizer\.step")
     with refused, pruner.swapped():
         model(torch.randn(2, 4, 13)).sum().backward()
@@ -322,8 +327,8 @@ def test_layers_over_the_line_keep_the_usual_forward_inside_the_block(
     monkeypatch.setattr(swap, "SWAP_MAX_NUMEL", 300)  # conv (128) and head (256) only
     model = net()
     pruner = fs.Pruner(model, pattern="2:4")
-    dense = pruner.dense_state_dict()
-    pruned = pruner.dense_state_dict(pruned=True)
+    dense = snapshot(pruner)
+    pruned = snapshot(pruner, pruned=True)
     with pruner.swapped() as on:
         assert on
         assert torch.equal(model.conv.parametrizations.weight.original, pruned["conv.weight"])
@@ -341,3 +346,25 @@ def test_layers_over_the_line_keep_the_usual_forward_inside_the_block(
     assert "no layer has at most 100 weights" in (swap.swap_refusal(pruner) or "")
     with pruner.swapped() as on:
         assert not on
+
+
+@pytest.mark.parametrize("new_tensors", [False, True], ids=["same tensors", "new tensors"])
+def test_a_model_converted_inside_the_block_gets_its_dense_weights_back(
+    new_tensors: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``model.double()`` in the block converts the weights, into new Parameter objects
+    where torch is set to: the dense weights go back into what the layers hold at the
+    end, converted."""
+    monkeypatch.setattr(
+        torch.__future__, "get_overwrite_module_params_on_conversion", lambda: new_tensors
+    )
+    model = net()
+    pruner = fs.Pruner(model, pattern="2:4")
+    dense = snapshot(pruner)
+    with pruner.swapped():
+        model.double()
+    assert (pruner.targets[1].weight is not None) and pruner._swap is None
+    for name in ("conv", "fc", "head"):
+        weight = model.get_submodule(name).parametrizations.weight.original
+        assert weight.dtype == torch.float64
+        assert torch.equal(weight, dense[f"{name}.weight"].double()), name

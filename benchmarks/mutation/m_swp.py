@@ -59,13 +59,13 @@ MUTATIONS = [
     dict(
         id="sw08",
         desc="the dense weights not written back when the block ends",
-        old="    with torch.no_grad():\n        _copy_each(stored, dense)\n    pruner._swap = None",
-        new="    pruner._swap = None",
+        old="            _copy_each(current, dense)\n        else:",
+        new="            pass\n        else:",
     ),
     dict(
         id="sw09",
         desc="an error inside the block leaves P_T(w) in the weights",
-        old="    except BaseException:\n        _restore(pruner, layers, stored, dense)\n        raise",
+        old="    except BaseException:\n        _restore(pruner, layers, targets, dense)\n        raise",
         new="    except BaseException:\n        pruner._swap = None\n        raise",
     ),
     # --- the refusals

@@ -149,7 +149,11 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
         # computed as the forward computes them (the N:M backbone's fused pass included)
         written = [p(w) for p, w in zip(layers, stored)]
         dense = [w.clone() for w in stored]
-        _copy_each(stored, written)
+        try:
+            _copy_each(stored, written)
+        except BaseException:  # a copy cut short (out of memory): the dense weights back
+            _copy_each(stored, dense)
+            raise
     # An in-place write (an optimizer step) moves a weight's version counter: a check
     # on the host, which never waits for a GPU.
     versions = [w._version for w in stored]
@@ -159,10 +163,14 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
     try:
         yield True
     except BaseException:
-        _restore(pruner, layers, stored, dense)
+        _restore(pruner, layers, targets, dense)
         raise
-    changed = [t.name for t, w, v in zip(targets, stored, versions) if w._version != v]
-    _restore(pruner, layers, stored, dense)
+    # written in place; a weight replaced (model.to(...) making new tensors) takes the
+    # dense values back converted, with no write of its own to undo
+    changed = [
+        t.name for t, w, v in zip(targets, stored, versions) if t.weight is w and w._version != v
+    ]
+    _restore(pruner, layers, targets, dense)
     if changed:
         raise RuntimeError(
             f"pruner.swapped(): the stored weights of {', '.join(repr(n) for n in changed)} "
@@ -176,12 +184,19 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
 def _restore(
     pruner: Pruner,
     layers: list[FeatherParametrization],
-    stored: list[Tensor],
+    targets: list[PruneTarget],
     dense: list[Tensor],
 ) -> None:
-    """End the block: the usual forward again, the dense weights back in the stored ones."""
+    """End the block: the usual forward again, the dense weights back in the weights the
+    layers hold now (the same tensors, unless the model was moved or converted inside
+    the block: ``copy_`` then converts)."""
     for p in layers:
         p.passthrough = False
+    current = [t.weight for t in targets]
     with torch.no_grad():
-        _copy_each(stored, dense)
+        if all(c.device == d.device and c.dtype == d.dtype for c, d in zip(current, dense)):
+            _copy_each(current, dense)
+        else:  # converted inside the block: one copy_ each converts
+            for c, d in zip(current, dense):
+                c.copy_(d)
     pruner._swap = None
