@@ -47,8 +47,8 @@ MUTATIONS = [
     dict(
         id="sw06",
         desc="P_T(w) not written into the stored weights (the layers meet w)",
-        old="        dense = [w.clone() for w in stored]\n        _copy_each(stored, written)",
-        new="        dense = [w.clone() for w in stored]",
+        old="        try:\n            _copy_each(stored, written)",
+        new="        try:\n            pass",
     ),
     dict(
         id="sw07",
@@ -77,9 +77,9 @@ MUTATIONS = [
     ),
     dict(
         id="sw11",
-        desc="the versions taken before P_T(w) is written (every block refused)",
-        old="        _copy_each(stored, written)\n    # An in-place write (an optimizer step) moves a weight's version counter: a check\n    # on the host, which never waits for a GPU.\n    versions = [w._version for w in stored]",
-        new="        versions = [w._version for w in stored]\n        _copy_each(stored, written)",
+        desc="the versions read off by one (every block refused as written)",
+        old="    versions = [w._version for w in stored]",
+        new="    versions = [w._version - 1 for w in stored]",
     ),
     dict(
         id="sw12",
