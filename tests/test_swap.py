@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -237,7 +238,9 @@ def test_a_copy_made_inside_the_block_is_not_inside_it() -> None:
     other.step()
 
 
-def test_the_training_loop_swaps_and_trains_the_usual_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_training_loop_swaps_and_trains_the_usual_bits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """``feather-sparse train`` runs each step's forward and backward in the block."""
     settings = tiny_run(train_size=256, test_size=64, eval_batch_size=64)
     entered: list[bool] = []
@@ -248,10 +251,10 @@ def test_the_training_loop_swaps_and_trains_the_usual_bits(monkeypatch: pytest.M
         return real(pruner)
 
     monkeypatch.setattr(swap, "swapped", counting)
-    swapped = train(tiny_config(settings, epochs=2))
+    swapped = train(tiny_config(settings, epochs=2), tmp_path / "swapped")
     assert entered and all(entered)
     monkeypatch.setattr(swap, "swap_refusal", lambda pruner: "off for the comparison")
-    usual = train(tiny_config(settings, epochs=2))
+    usual = train(tiny_config(settings, epochs=2), tmp_path / "usual")
     assert_same_bits(swapped.model.state_dict(), usual.model.state_dict())
 
 
