@@ -3,6 +3,7 @@ stored weights give the usual step's bits, and misuse is refused with the weight
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Callable
@@ -76,7 +77,7 @@ def run(make: Callable[[nn.Module], fs.Pruner], swapped: bool) -> tuple[dict, li
     for _ in range(6):
         opt.zero_grad()
         x, y = torch.randn(8, 4, 13, generator=gen), torch.randn(8, 16, generator=gen)
-        with pruner.swapped() if swapped else _usual() as on:
+        with pruner.swapped() if swapped else contextlib.nullcontext(False) as on:
             yielded.append(on)
             for xs, ys in zip(x.chunk(2), y.chunk(2)):
                 loss = F.mse_loss(model(xs), ys) + pruner.regularizer()
@@ -84,14 +85,6 @@ def run(make: Callable[[nn.Module], fs.Pruner], swapped: bool) -> tuple[dict, li
         opt.step()
         pruner.step()
     return pruner.dense_state_dict(), yielded
-
-
-class _usual:
-    def __enter__(self) -> bool:
-        return False
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def snapshot(pruner: fs.Pruner, **kwargs: Any) -> dict[str, torch.Tensor]:
@@ -278,7 +271,7 @@ def test_swapped_blocks_on_cuda_train_the_usual_bits_and_never_wait(
                 torch.cuda.synchronize()
                 torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
             try:
-                with pruner.swapped() if swapped else _usual():
+                with pruner.swapped() if swapped else contextlib.nullcontext(False):
                     model(x).square().mean().backward()
             finally:
                 torch.cuda.set_sync_debug_mode("default")
@@ -292,8 +285,6 @@ def test_swapped_blocks_on_cuda_train_the_usual_bits_and_never_wait(
 def test_a_compiled_model_swaps_to_the_usual_bits() -> None:
     """torch.compile traces the pass-through as a second graph (the flag is guarded):
     training in the block gives the eager bits, and the usual forward after it too."""
-    import contextlib
-
     import torch._dynamo
 
     def trained(swapped: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -307,7 +298,7 @@ def test_a_compiled_model_swaps_to_the_usual_bits() -> None:
         for _ in range(4):
             x = torch.randn(8, 16, generator=gen)
             opt.zero_grad()
-            with pruner.swapped() if swapped else contextlib.nullcontext():
+            with pruner.swapped() if swapped else contextlib.nullcontext(False):
                 forward(x).square().mean().backward()
             opt.step()
             pruner.step()

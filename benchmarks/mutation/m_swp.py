@@ -59,8 +59,8 @@ MUTATIONS = [
     dict(
         id="sw08",
         desc="the dense weights not written back when the block ends",
-        old="            _copy_each(current, dense)\n        else:",
-        new="            pass\n        else:",
+        old="        _copy_each([t.weight for t in targets], dense)\n    pruner._swap = None",
+        new="    pruner._swap = None",
     ),
     dict(
         id="sw09",

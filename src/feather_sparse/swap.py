@@ -189,14 +189,9 @@ def _restore(
 ) -> None:
     """End the block: the usual forward again, the dense weights back in the weights the
     layers hold now (the same tensors, unless the model was moved or converted inside
-    the block: ``copy_`` then converts)."""
+    the block: the copy then converts, as ``copy_`` does)."""
     for p in layers:
         p.passthrough = False
-    current = [t.weight for t in targets]
     with torch.no_grad():
-        if all(c.device == d.device and c.dtype == d.dtype for c, d in zip(current, dense)):
-            _copy_each(current, dense)
-        else:  # converted inside the block: one copy_ each converts
-            for c, d in zip(current, dense):
-                c.copy_(d)
+        _copy_each([t.weight for t in targets], dense)
     pruner._swap = None
