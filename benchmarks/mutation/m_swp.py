@@ -59,7 +59,8 @@ MUTATIONS = [
     dict(
         id="sw08",
         desc="the dense weights not written back when the block ends",
-        old="        _copy_each([t.weight for t in targets], dense)\n    pruner._swap = None",
+        old="    with torch.no_grad():\n        _copy_each([t.weight for t in targets], dense)\n"
+        "    pruner._swap = None",
         new="    pruner._swap = None",
     ),
     dict(
