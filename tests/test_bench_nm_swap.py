@@ -34,4 +34,5 @@ def test_the_swap_prototype_trains_the_pruners_bits_and_prints_its_ratios() -> N
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "| mnist1d_mlpmixer | 2:4 weight swap (prototype) |" in out
-    assert "the same bits over 6 steps: True" in out, out
+    assert "| mnist1d_mlpmixer | 2:4 Pruner, swapped() |" in out
+    assert "the prototype trains the Pruner's bits over 6 steps: True" in out, out
