@@ -120,14 +120,20 @@ def test_inside_the_block_the_stored_weights_are_the_forward_weights() -> None:
     x = torch.randn(2, 4, 13)
     with torch.no_grad():
         expected = model(x)
+    stored = pruner.weights()
+    memory = [w.data_ptr() for w in stored]
     with pruner.swapped() as on:
         assert on
         for t, w in zip(pruner.targets, pruner.weights()):
             assert torch.equal(w, pruned[f"{t.name}.weight"])
+        # the same Parameters, holding P_T(w) in memory of its own: the dense values untouched
+        assert all(a is b for a, b in zip(pruner.weights(), stored))
+        assert not any(w.data_ptr() == m for w, m in zip(stored, memory))
         with torch.no_grad():
             assert torch.equal(model(x), expected)  # the layers meet the same weights
     for t, w in zip(pruner.targets, pruner.weights()):
         assert torch.equal(w, dense[f"{t.name}.weight"])  # the dense weights, bit for bit
+    assert [w.data_ptr() for w in pruner.weights()] == memory  # their own memory, not a copy
     with torch.no_grad():
         assert torch.equal(model(x), expected)  # and the usual forward again
 
@@ -145,6 +151,30 @@ def test_an_optimizer_step_inside_the_block_is_refused_and_the_weights_kept() ->
     for key in ("conv.weight", "fc.weight", "head.weight"):
         assert torch.equal(after[key], before[key])
     pruner.step()  # usable again
+
+
+@pytest.mark.parametrize("make", [PRUNERS["2:4"], PRUNERS["feather 90 %"]], ids=["2:4", "feather"])
+@pytest.mark.parametrize("fails", [False, True], ids=["refused", "error after the write"])
+def test_a_write_inside_the_block_leaves_no_stale_forward_behind(
+    make: Callable[[nn.Module], fs.Pruner], fails: bool
+) -> None:
+    """The block's P_T(w) may be memory a cache hands out again (the N:M fused pass):
+    a write into it inside the block must not reach a later forward."""
+    model = net()
+    pruner = make(model)
+    x = torch.randn(2, 4, 13)
+    with torch.no_grad():
+        model(x)  # the first forward registers the layers with the fused pass
+        expected = model(x)
+    error = "boom" if fails else "written inside the block"
+    with pytest.raises(RuntimeError, match=error), pruner.swapped():
+        with torch.no_grad():
+            for w in pruner.weights():
+                w.add_(1.0)
+        if fails:
+            raise RuntimeError("boom")
+    with torch.no_grad():
+        assert torch.equal(model(x), expected)
 
 
 def test_an_error_inside_the_block_propagates_with_the_dense_weights_back() -> None:

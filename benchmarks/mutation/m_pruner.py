@@ -28,8 +28,8 @@ MUTATIONS = [
     dict(
         id="pr01",
         desc="step(): update before the step is counted (thresholds for step t-1)",
-        old="self._step += 1\n        if self._step % self.update_every == 0:\n            self.update()",
-        new="if self._step % self.update_every == 0:\n            self.update()\n        self._step += 1",
+        old="self._step += 1\n        if self._step % self.update_every == 0:\n            self._update()",
+        new="if self._step % self.update_every == 0:\n            self._update()\n        self._step += 1",
     ),
     dict(
         id="pr02",

@@ -1267,7 +1267,7 @@ class Pruner:
         self._check_attached("step()")
         self._step += 1
         if self._step % self.update_every == 0:
-            self.update()
+            self._update()  # checked just now: the model's layers are walked once a step
 
     def update(self, sparsity: float | None = None) -> None:
         """Recompute the thresholds now, at ``sparsity``.
@@ -1277,6 +1277,10 @@ class Pruner:
                 schedule requests at the current step.
         """
         self._check_attached("update()")
+        self._update(sparsity)
+
+    def _update(self, sparsity: float | None = None) -> None:
+        """:meth:`update` once the Pruner is known to be attached."""
         s = self.scheduled_sparsity() if sparsity is None else check_sparsity(sparsity)
         with outside_inference_mode():
             self._write_thresholds(self._compute_thresholds(s))

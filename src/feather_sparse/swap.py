@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -83,37 +84,49 @@ def swap_refusal(pruner: Pruner) -> str | None:
     Args:
         pruner: an attached Pruner.
     """
+    return _plan(pruner)[0]
+
+
+def _plan(pruner: Pruner) -> tuple[str | None, list[_Swap]]:
+    """:func:`swap_refusal`'s answer and, where it is None, the layers the block writes."""
     backbone = pruner.backbone
     if not isinstance(pruner.operator, ThresholdOperator):
-        return f"the operator {pruner.operator.name!r} has a backward of its own"
+        return f"the operator {pruner.operator.name!r} has a backward of its own", []
     if _overrides(backbone, "forward_weight"):
         # a backbone whose forward is its own: only the N:M one keeps the identity
         if not isinstance(backbone, NMBackbone):
-            return f"the {backbone.name!r} backbone computes a forward of its own"
+            return f"the {backbone.name!r} backbone computes a forward of its own", []
         if backbone.decay != 0.0:
-            return "SR-STE's decay adds to the gradient"
+            return "SR-STE's decay adds to the gradient", []
     layers = [pruner._parametrization(t) for t in pruner.targets]
     if any(p.theta != 1.0 for p in layers):
-        return "θ < 1 scales the pruned weights' gradients"
+        return "θ < 1 scales the pruned weights' gradients", []
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return "inside a compiled or torch.func call"
+        return "inside a compiled or torch.func call", []
     if torch.is_inference_mode_enabled():
-        return "in inference mode"
-    targets = _swappable(pruner)
-    if not targets:
-        return f"no layer has at most {SWAP_MAX_NUMEL:,} weights (larger ones are not swapped)"
-    for t in targets:  # the layers the block would write
+        return "in inference mode", []
+    swaps = []
+    for t, layer in zip(pruner.targets, layers):
+        if not 0 < t.numel <= SWAP_MAX_NUMEL:
+            continue  # a larger layer keeps the usual forward inside the block
         weight = t.weight
         if type(weight) not in _PLAIN:
-            return f"the weight of {t.name!r} is sharded or wrapped ({type(weight).__name__})"
+            return f"the weight of {t.name!r} is sharded or wrapped ({type(weight).__name__})", []
         if not weight.is_contiguous():
-            return f"the weight of {t.name!r} is not in the contiguous layout"
-    return None
+            return f"the weight of {t.name!r} is not in the contiguous layout", []
+        # a tied layer shares its target's parametrization: it passes through with it
+        swaps.append(_Swap(t, weight, layer))
+    if not swaps:
+        return f"no layer has at most {SWAP_MAX_NUMEL:,} weights (larger ones are not swapped)", []
+    return None, swaps
 
 
-def _swappable(pruner: Pruner) -> list[PruneTarget]:
-    """The layers a block writes: those of at most :data:`SWAP_MAX_NUMEL` weights."""
-    return [t for t in pruner.targets if 0 < t.numel <= SWAP_MAX_NUMEL]
+class _Swap(NamedTuple):
+    """A layer the block writes: its target, stored weight and parametrization."""
+
+    target: PruneTarget
+    weight: Tensor
+    layer: FeatherParametrization
 
 
 @contextlib.contextmanager
@@ -138,39 +151,42 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
             "Pruner: one block holds a step's forwards and backwards"
         )
     pruner._check_attached("swapped()")
-    if swap_refusal(pruner) is not None:
+    refusal, swaps = _plan(pruner)
+    if refusal is not None:
         yield False
         return
-    targets = _swappable(pruner)
-    # a tied layer shares its target's parametrization: it passes through with it
-    layers = [pruner._parametrization(t) for t in targets]
-    stored = [t.weight for t in targets]
+    targets = [s.target for s in swaps]
+    layers = [s.layer for s in swaps]
+    stored = [s.weight for s in swaps]
     with torch.no_grad():
         # computed as the forward computes them (the N:M backbone's fused pass included)
         written = [p(w) for p, w in zip(layers, stored)]
-        dense = [w.clone() for w in stored]
-        try:
-            _copy_each(stored, written)
-        except BaseException:  # a copy cut short (out of memory): the dense weights back
-            _copy_each(stored, dense)
-            raise
-    # An in-place write (an optimizer step) moves a weight's version counter: a check
-    # on the host, which never waits for a GPU.
+    # The stored weights take the memory of P_T(w), and give it back at the end: no copy
+    # either way, and the dense values stay untouched in their own memory. ``.data``
+    # keeps each weight's identity (the optimizer's, autograd's gradient accumulator)
+    # and its version counter.
+    dense = [w.data for w in stored]
     versions = [w._version for w in stored]
+    for w, value in zip(stored, written):
+        w.data = value
     for p in layers:
         p.passthrough = True
     pruner._swap = True
     try:
         yield True
-    except BaseException:
-        _restore(pruner, layers, targets, dense)
-        raise
-    # written in place; a weight replaced (model.to(...) making new tensors) takes the
-    # dense values back converted, with no write of its own to undo
-    changed = [
-        t.name for t, w, v in zip(targets, stored, versions) if t.weight is w and w._version != v
-    ]
-    _restore(pruner, layers, targets, dense)
+    finally:  # an error inside the block ends it too
+        # An in-place write (an optimizer step) moves a weight's version counter: a check
+        # on the host, which never waits for a GPU. A weight replaced (model.to(...) making
+        # new tensors) takes the dense values back converted, with no write of its own.
+        now = [t.weight for t in targets]
+        changed = [
+            t.name
+            for t, w, n, v in zip(targets, stored, now, versions)
+            if n is w and w._version != v
+        ]
+        _restore(pruner, layers, stored, now, dense)
+        if changed:  # into memory a cached forward may hand out again: recompute those
+            pruner.backbone.release()
     if changed:
         raise RuntimeError(
             f"pruner.swapped(): the stored weights of {', '.join(repr(n) for n in changed)} "
@@ -184,14 +200,25 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
 def _restore(
     pruner: Pruner,
     layers: list[FeatherParametrization],
-    targets: list[PruneTarget],
+    stored: list[Tensor],
+    now: list[Tensor],
     dense: list[Tensor],
 ) -> None:
-    """End the block: the usual forward again, the dense weights back in the weights the
-    layers hold now (the same tensors, unless the model was moved or converted inside
-    the block: the copy then converts, as ``copy_`` does)."""
+    """End the block: the usual forward again, the dense weights back. A stored weight
+    the layer still holds, in its dtype and device, takes its dense memory back (``now``:
+    the weights the layers hold); one the model converted or replaced inside the block
+    (``model.double()``, ``model.to(...)``) has the dense values copied into it,
+    converted as ``copy_`` does."""
     for p in layers:
         p.passthrough = False
-    with torch.no_grad():
-        _copy_each([t.weight for t in targets], dense)
+    converted_into, converted = [], []
+    for w, n, value in zip(stored, now, dense):
+        if n is w and w.dtype == value.dtype and w.device == value.device:
+            w.data = value
+        else:
+            converted_into.append(n)
+            converted.append(value)
+    if converted:
+        with torch.no_grad():
+            _copy_each(converted_into, converted)
     pruner._swap = None
