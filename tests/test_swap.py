@@ -138,6 +138,33 @@ def test_inside_the_block_the_stored_weights_are_the_forward_weights() -> None:
         assert torch.equal(model(x), expected)  # and the usual forward again
 
 
+def test_inside_the_block_layers_read_their_stored_weight_directly() -> None:
+    """The block lets each swapped layer read ``weight`` from its own dictionary instead of
+    through parametrize's property; the model's names, a copy sharing the layers' classes
+    and everything after the block are as before."""
+    model = net()
+    pruner = fs.Pruner(model, pattern="2:4")
+    teacher = copy.deepcopy(model)  # shares the parametrized classes of model's layers
+    x = torch.randn(2, 4, 13)
+    with torch.no_grad():
+        expected_teacher = teacher(x)
+    keys = list(model.state_dict())
+    names = [n for n, _ in model.named_parameters()]
+    with pruner.swapped():
+        for layer, stored in zip((model.conv, model.fc, model.head, model.tail), (0, 1, 2, 2)):
+            assert "weight" in vars(layer)
+            assert layer.weight is pruner.weights()[stored]  # the tied layer too
+        assert list(model.state_dict()) == keys
+        assert [n for n, _ in model.named_parameters()] == names
+        with torch.no_grad():
+            assert torch.equal(teacher(x), expected_teacher)  # its usual forward
+    for layer in (model.conv, model.fc, model.head, model.tail):
+        assert "weight" not in vars(layer)
+        assert isinstance(type(layer).__dict__["weight"], property)
+    with torch.no_grad():
+        assert torch.equal(teacher(x), expected_teacher)
+
+
 def test_an_optimizer_step_inside_the_block_is_refused_and_the_weights_kept() -> None:
     model = net()
     pruner = fs.Pruner(model, sparsity=0.9, total_steps=6)

@@ -46,9 +46,9 @@ MUTATIONS = [
     # --- the swap in and out
     dict(
         id="sw06",
-        desc="P_T(w) not written into the stored weights (the layers meet w)",
-        old="        try:\n            _copy_each(stored, written)",
-        new="        try:\n            pass",
+        desc="P_T(w) not put into the stored weights (the layers meet w)",
+        old="    for w, value in zip(stored, written):\n        w.data = value",
+        new="    for w, value in zip(stored, written):\n        pass",
     ),
     dict(
         id="sw07",
@@ -58,16 +58,15 @@ MUTATIONS = [
     ),
     dict(
         id="sw08",
-        desc="the dense weights not written back when the block ends",
-        old="    with torch.no_grad():\n        _copy_each([t.weight for t in targets], dense)\n"
-        "    pruner._swap = None",
-        new="    pruner._swap = None",
+        desc="the dense weights not given back when the block ends",
+        old="            w.data = value\n",
+        new="            pass\n",
     ),
     dict(
         id="sw09",
         desc="an error inside the block leaves P_T(w) in the weights",
-        old="    except BaseException:\n        _restore(pruner, layers, targets, dense)\n        raise",
-        new="    except BaseException:\n        pruner._swap = None\n        raise",
+        old="    finally:  # an error inside the block ends it too\n",
+        new="    except BaseException:\n        pruner._swap = None\n        raise\n    else:\n",
     ),
     # --- the refusals
     dict(
@@ -123,17 +122,30 @@ MUTATIONS = [
         new="",
         file=PRUNER,
     ),
+    dict(
+        id="sw21",
+        desc="a write inside the block keeps the N:M cache whose memory it reached",
+        old="        if changed:  # into memory a cached forward may hand out again: recompute those\n"
+        "            pruner.backbone.release()\n",
+        new="",
+    ),
+    dict(
+        id="sw22",
+        desc="a weight converted inside the block (model.double()) takes its old memory back",
+        old="        if n is w and w.dtype == value.dtype and w.device == value.device:",
+        new="        if n is w:",
+    ),
     # --- the line above which a layer keeps its usual forward
     dict(
         id="sw18",
-        desc="every layer swapped, however large (three copies of a 12.5M-weight layer per step)",
-        old="    return [t for t in pruner.targets if 0 < t.numel <= SWAP_MAX_NUMEL]",
-        new="    return [t for t in pruner.targets if 0 < t.numel]",
+        desc="every layer swapped, however large",
+        old="        if not 0 < t.numel <= SWAP_MAX_NUMEL:",
+        new="        if not 0 < t.numel:",
     ),
     dict(
         id="sw19",
         desc="a block with no layer under the line says it swapped",
-        old='    if not targets:\n        return f"no layer has at most',
+        old='    if not swaps:\n        return f"no layer has at most',
         new='    if False:\n        return f"no layer has at most',
     ),
     # --- the training loop

@@ -171,6 +171,7 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
         w.data = value
     for p in layers:
         p.passthrough = True
+    direct = _read_directly(pruner, {id(p) for p in layers})
     pruner._swap = True
     try:
         yield True
@@ -184,6 +185,7 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
             for t, w, n, v in zip(targets, stored, now, versions)
             if n is w and w._version != v
         ]
+        _read_through(direct)
         _restore(pruner, layers, stored, now, dense)
         if changed:  # into memory a cached forward may hand out again: recompute those
             pruner.backbone.release()
@@ -222,3 +224,62 @@ def _restore(
         with torch.no_grad():
             _copy_each(converted_into, converted)
     pruner._swap = None
+
+
+#: The parametrized tensor the Pruner attaches to (``PruneTarget.parametrizations``).
+_NAME = "weight"
+
+
+class _Through:
+    """Stands in, inside the block, for the property through which ``torch.nn.utils.
+    parametrize`` hands a parametrized module its ``weight``: a descriptor without a
+    setter, so a module holding its weight in its own dictionary reads it from there
+    (a dictionary lookup, where the property calls two modules: tens of microseconds per
+    layer and forward on a CPU), and any other module of the class (a deep copy shares
+    it) reads through the property as before."""
+
+    def __init__(self, prop: property) -> None:
+        self.prop = prop
+
+    def __get__(self, module: object, owner: type | None = None) -> object:
+        return self.prop if module is None else self.prop.__get__(module, owner)
+
+
+def _read_directly(
+    pruner: Pruner, swapped_layers: set[int]
+) -> list[tuple[type, property, nn.Module]]:
+    """Let every module whose only parametrization is one the block passes through read
+    its stored weight (``P_T(w)`` now) directly; returns what :func:`_read_through` undoes.
+
+    A module with another parametrization chained, or whose class does not hold the
+    parametrization's property as ``torch.nn.utils.parametrize`` makes it, keeps reading
+    through the pass-through.
+    """
+    done = []
+    classes: dict[type, property] = {}
+    for t in pruner.parametrized_layers():  # tied layers too: the same parametrization
+        module = t.module
+        plist = t.parametrizations()
+        cls = type(module)
+        prop = classes.get(cls, cls.__dict__.get(_NAME))
+        if (
+            plist is None
+            or len(plist._modules) != 1
+            or id(plist._modules.get("0")) not in swapped_layers
+            or not isinstance(prop, property)
+            or _NAME in module.__dict__
+        ):
+            continue
+        if cls not in classes:
+            classes[cls] = prop
+            setattr(cls, _NAME, _Through(prop))
+        module.__dict__[_NAME] = t.weight
+        done.append((cls, prop, module))
+    return done
+
+
+def _read_through(done: list[tuple[type, property, nn.Module]]) -> None:
+    """Undo :func:`_read_directly`: every module reads through its parametrization again."""
+    for cls, prop, module in done:
+        module.__dict__.pop(_NAME, None)
+        setattr(cls, _NAME, prop)
