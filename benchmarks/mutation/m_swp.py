@@ -135,6 +135,25 @@ MUTATIONS = [
         old="        if n is w and w.dtype == value.dtype and w.device == value.device:",
         new="        if n is w:",
     ),
+    dict(
+        id="sw23",
+        desc="the layers keep reading their weight directly after the block",
+        old="        _read_through(direct)\n",
+        new="",
+    ),
+    dict(
+        id="sw24",
+        desc="the property removed from the class instead of stood in for (a copy sharing the "
+        "class loses its weight)",
+        old="            setattr(cls, _NAME, _Through(prop))",
+        new="            delattr(cls, _NAME)",
+    ),
+    dict(
+        id="sw25",
+        desc="no layer reads its weight directly (every read through the property)",
+        old="        module.__dict__[_NAME] = t.weight\n",
+        new="",
+    ),
     # --- the line above which a layer keeps its usual forward
     dict(
         id="sw18",

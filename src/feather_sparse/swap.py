@@ -4,9 +4,9 @@ A Pruner computes each layer's forward weight ``P_T(w)`` inside the layer's
 parametrization, at every access, and joins it to the stored weight ``w``
 with an autograd node, so that the gradient reaches ``w`` (scaled by θ on
 the pruned weights). With θ = 1 that node is the identity: the gradient of
-``w`` is the gradient of ``P_T(w)``. So a training step can instead write
+``w`` is the gradient of ``P_T(w)``. So a training step can instead put
 ``P_T(w)`` into the stored weights once, run its forwards and backwards on
-the plain layers — no operator, no node per layer and access — and write
+the plain layers — no operator, no node per layer and access — and give
 the dense weights back before the optimizer updates them::
 
     with pruner.swapped():
@@ -24,7 +24,13 @@ The gradients, hence the training, are bit for bit those of the usual step
 (``benchmarks/bench_nm_step.py``, docs/benchmarks-nm.md): the forward weights
 of every layer are computed once per step, together where the backbone
 computes them together (the N:M backbone's fused pass), and each layer's
-forward and backward meet a plain weight.
+forward and backward meet a plain weight. Nothing is copied: each stored
+weight takes the memory of its ``P_T(w)`` for the block (``.data``, which
+keeps the tensor's identity, its gradient accumulator and its version
+counter) and its own memory back at the end, the dense values untouched
+there; and inside the block a swapped layer reads ``weight`` from its own
+dictionary instead of through ``torch.nn.utils.parametrize``'s property
+(the model's parameter names and state-dict keys do not change).
 
 Where a step's gradient is not the identity — θ < 1, SR-STE's decay,
 backbones with a forward of their own (ASL+'s learned thresholds, Spartan's
@@ -68,12 +74,10 @@ __all__ = ["SWAP_MAX_NUMEL", "swap_refusal", "swapped"]
 _PLAIN = (Tensor, nn.Parameter)
 
 #: Layers of more weights than this keep the usual forward inside the block.
-#: Swapping a layer costs three passes over its weight (the dense copy, P_T(w)
-#: written in, the dense weight written back) and its P_T(w) without the
-#: operator's reused output memory; it saves a fixed cost per access. For a
-#: large layer with one forward per step that is a loss: the 50M-parameter
-#: MLP's step (four layers of 12.5M weights) took 3.20× the dense step with
-#: every layer swapped, against 1.49× as usual (docs/benchmarks.md).
+#: Swapping saves a fixed cost per layer and access; for a large layer with one
+#: forward per step it was a loss: the 50M-parameter MLP's step (four layers of
+#: 12.5M weights) took 1.91× the dense step with every layer swapped, against
+#: 1.45× as usual (docs/benchmarks.md).
 #: Read at each block: set it before a block to move the line.
 SWAP_MAX_NUMEL = 1 << 17
 
