@@ -216,7 +216,7 @@ MUTATIONS = [
         id="nmb29",
         desc="fused pass: bit reference aliases the stored weight (never stale after a step)",
         file=FUSED,
-        old="reference=flat[start : start + n].view(w.shape),",
+        old="reference=reference.view(w.shape),",
         new="reference=w.detach(),",
     ),
     dict(
@@ -230,7 +230,7 @@ MUTATIONS = [
         id="nmb31",
         desc="fused pass: every layer's backward constants from the first layer (aux[:g])",
         file=FUSED,
-        old="aux=aux[start // m : start // m + g],",
-        new="aux=aux[:g],",
+        old="aux=a,",
+        new="aux=aux[: a.shape[0]],",
     ),
 ]

@@ -47,20 +47,20 @@ MUTATIONS = [
     dict(
         id="sw06",
         desc="P_T(w) not put into the stored weights (the layers meet w)",
-        old="    for w, value in zip(stored, written):\n        w.data = value",
-        new="    for w, value in zip(stored, written):\n        pass",
+        old="        for w, value in zip(stored, written):\n            w.data = value",
+        new="        for w, value in zip(stored, written):\n            pass",
     ),
     dict(
         id="sw07",
         desc="the parametrizations not told to pass the stored weight through",
-        old="    for p in layers:\n        p.passthrough = True",
-        new="    for p in layers:\n        p.passthrough = False",
+        old='            vars(p)["passthrough"] = True',
+        new='            vars(p)["passthrough"] = False',
     ),
     dict(
         id="sw08",
         desc="the dense weights not given back when the block ends",
-        old="            w.data = value\n",
-        new="            pass\n",
+        old="            w.data = value\n        else:",
+        new="            pass\n        else:",
     ),
     dict(
         id="sw09",
@@ -84,7 +84,7 @@ MUTATIONS = [
     dict(
         id="sw12",
         desc="the Pruner not marked inside the block (its step() reads P_T(w) as dense)",
-        old="    pruner._swap = True\n",
+        old="        pruner._swap = True\n",
         new="",
     ),
     dict(

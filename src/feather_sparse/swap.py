@@ -171,13 +171,14 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
     # and its version counter.
     dense = [w.data for w in stored]
     versions = [w._version for w in stored]
-    for w, value in zip(stored, written):
-        w.data = value
-    for p in layers:
-        p.passthrough = True
-    direct = _read_directly(pruner, {id(p) for p in layers})
-    pruner._swap = True
-    try:
+    direct: list[tuple[type, property, nn.Module]] = []
+    try:  # from the first weight swapped: an interruption anywhere restores all
+        for w, value in zip(stored, written):
+            w.data = value
+        for p in layers:  # a plain attribute: nn.Module.__setattr__ costs microseconds
+            vars(p)["passthrough"] = True
+        _read_directly(pruner, {id(p) for p in layers}, direct)
+        pruner._swap = True
         yield True
     finally:  # an error inside the block ends it too
         # An in-place write (an optimizer step) moves a weight's version counter: a check
@@ -216,7 +217,7 @@ def _restore(
     (``model.double()``, ``model.to(...)``) has the dense values copied into it,
     converted as ``copy_`` does."""
     for p in layers:
-        p.passthrough = False
+        vars(p)["passthrough"] = False
     converted_into, converted = [], []
     for w, n, value in zip(stored, now, dense):
         if n is w and w.dtype == value.dtype and w.device == value.device:
@@ -250,16 +251,16 @@ class _Through:
 
 
 def _read_directly(
-    pruner: Pruner, swapped_layers: set[int]
-) -> list[tuple[type, property, nn.Module]]:
+    pruner: Pruner, swapped_layers: set[int], done: list[tuple[type, property, nn.Module]]
+) -> None:
     """Let every module whose only parametrization is one the block passes through read
-    its stored weight (``P_T(w)`` now) directly; returns what :func:`_read_through` undoes.
+    its stored weight (``P_T(w)`` now) directly, recording in ``done`` (before each
+    change) what :func:`_read_through` undoes.
 
     A module with another parametrization chained, or whose class does not hold the
     parametrization's property as ``torch.nn.utils.parametrize`` makes it, keeps reading
     through the pass-through.
     """
-    done = []
     classes: dict[type, property] = {}
     for t in pruner.parametrized_layers():  # tied layers too: the same parametrization
         module = t.module
@@ -274,12 +275,11 @@ def _read_directly(
             or _NAME in module.__dict__
         ):
             continue
+        done.append((cls, prop, module))
         if cls not in classes:
             classes[cls] = prop
             setattr(cls, _NAME, _Through(prop))
         module.__dict__[_NAME] = t.weight
-        done.append((cls, prop, module))
-    return done
 
 
 def _read_through(done: list[tuple[type, property, nn.Module]]) -> None:

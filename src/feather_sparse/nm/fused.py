@@ -329,19 +329,20 @@ class FusedNMForward:
             ).unsqueeze(1)
         out, aux = _nm_forward(flat.view(-1, m), self.pattern, ramp, p, None, scale)
         out = out.reshape(-1)
-        start = 0
-        for i, w, g, r in zip(group, parts, groups, ramps):
-            n = g * m
+        sizes = [g * m for g in groups]
+        # one call each for every layer's slice (14 layers: tens of microseconds less)
+        for i, w, reference, forward, a, r in zip(
+            group, parts, flat.split(sizes), out.split(sizes), aux.split(groups), ramps
+        ):
             self._entries[i] = _Entry(
-                reference=flat[start : start + n].view(w.shape),
-                out=out[start : start + n].view(w.shape),
-                aux=aux[start // m : start // m + g],
+                reference=reference.view(w.shape),
+                out=forward.view(w.shape),
+                aux=a,
                 ramp=r,
                 ramp_version=r._version,
                 p=p,
                 out_version=out._version,  # the slices share the whole pass's counter
             )
-            start += n
 
     def clear(self) -> None:
         """Drop every cached forward and ramp reference."""
