@@ -165,6 +165,26 @@ def test_inside_the_block_layers_read_their_stored_weight_directly() -> None:
         assert torch.equal(teacher(x), expected_teacher)
 
 
+def test_a_layer_with_another_parametrization_reads_through_the_pass_through() -> None:
+    """A layer whose weight carries a parametrization after the Pruner's keeps reading
+    through parametrize inside the block: the Pruner's passes the stored weight on."""
+
+    class Doubled(nn.Module):
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return 2 * w
+
+    model = net()
+    pruner = fs.Pruner(model, sparsity=0.9, total_steps=1, schedule="constant")
+    torch.nn.utils.parametrize.register_parametrization(model.fc, "weight", Doubled())
+    x = torch.randn(2, 4, 13)
+    with torch.no_grad():
+        expected = model(x)
+    with pruner.swapped() as on:
+        assert on and "weight" not in vars(model.fc) and "weight" in vars(model.conv)
+        with torch.no_grad():
+            assert torch.equal(model(x), expected)
+
+
 def test_an_optimizer_step_inside_the_block_is_refused_and_the_weights_kept() -> None:
     model = net()
     pruner = fs.Pruner(model, sparsity=0.9, total_steps=6)
