@@ -9,7 +9,7 @@ authors' released code does (the reference cost this library avoids). All
 at the final sparsity, so every step does the full work.
 
     python benchmarks/bench_train_step.py [--models resnet20 mlp50m] [--repeats 5]
-        [--device cuda]
+        [--device cuda] [--swap-max-numel N]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch import nn
 
 import feather_sparse as fs
 from _timing import add_device_argument, compare, machine, resolve_device, train_step
+from feather_sparse import swap as fs_swap
 
 
 class SortEveryStep(fs.Backbone):
@@ -71,8 +72,17 @@ def main() -> None:
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-sort-reference", action="store_true", help="skip the slow reference")
+    parser.add_argument(
+        "--swap-max-numel",
+        type=int,
+        default=None,
+        help="the swapped() column swaps layers of up to this many weights "
+        "(feather_sparse.swap.SWAP_MAX_NUMEL; default: the library's line)",
+    )
     add_device_argument(parser)
     args = parser.parse_args()
+    if args.swap_max_numel is not None:
+        fs_swap.SWAP_MAX_NUMEL = args.swap_max_numel
     device = resolve_device(args.device)
     print(
         "# one training step (forward, backward, SGD, pruner.step) "

@@ -76,8 +76,8 @@ _PLAIN = (Tensor, nn.Parameter)
 #: Layers of more weights than this keep the usual forward inside the block.
 #: Swapping saves a fixed cost per layer and access; for a large layer with one
 #: forward per step it was a loss: the 50M-parameter MLP's step (four layers of
-#: 12.5M weights) took 1.91× the dense step with every layer swapped, against
-#: 1.45× as usual (docs/benchmarks.md).
+#: 12.5M weights) took 1.91-2.19× the dense step with every layer swapped,
+#: against 1.45-1.48× as usual, in three runs (docs/benchmarks.md).
 #: Read at each block: set it before a block to move the line.
 SWAP_MAX_NUMEL = 1 << 17
 
