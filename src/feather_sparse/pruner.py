@@ -1312,7 +1312,7 @@ class Pruner:
         identity (θ < 1, SR-STE's decay, ASL+, Spartan, ST-3) or the weights
         cannot be written whole (sharded, non-contiguous), the block runs the
         usual step and yields False. Inside it the stored weights hold
-        ``P_T(w)``; the dense ones are written back when it ends. See
+        ``P_T(w)``; the dense ones come back when it ends. See
         :mod:`feather_sparse.swap`.
 
         Raises:

@@ -46,8 +46,8 @@ and code reading ``layer.parametrizations.weight.original`` see the pruned
 values there, and the Pruner refuses ``step()``, ``update()``,
 ``finalize()``, ``remove()``, its state dicts, ``report()`` and
 ``sparsity_achieved()`` until the block ends. The
-block must hold the forwards and backwards only: the dense weights are
-written back when it ends, so an optimizer step (or any write into a
+block must hold the forwards and backwards only: the dense weights come
+back when it ends, so an optimizer step (or any write into a
 stored weight) inside it would be undone — the block then raises, naming
 the layers, with the dense weights of before the block restored. (A write
 is recognised by the weight's version counter, which an optimizer step and
@@ -198,7 +198,7 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
         raise RuntimeError(
             f"pruner.swapped(): the stored weights of {', '.join(repr(n) for n in changed)} "
             "were written inside the block (an optimizer step there?). The block holds the "
-            "forwards and backwards only, and writes the dense weights back when it ends: the "
+            "forwards and backwards only, and gives the dense weights back when it ends: the "
             "write was undone and the weights are those of before the block; call "
             "optimizer.step() after it"
         )
