@@ -5,9 +5,12 @@ them."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,3 +43,17 @@ def test_every_alternative_computation_of_the_operators_parts_gives_its_bits() -
     ]
     assert len(rows) == 7, out
     assert all(row.rstrip().endswith("| True |") for row in rows), out
+
+
+@pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler"
+)
+def test_the_native_prototype_prunes_the_same_weights_within_a_few_ulps() -> None:
+    """docs/benchmarks-nm.md reads the prototype's step time as what a fused kernel of
+    the same operator would cost; that holds while it prunes the same weights and its
+    kept values differ by a few units in the last place at most."""
+    out = run("bench_nm_native.py", "--model", "mnist1d_mlpmixer", "--rounds", "2")
+    assert "- the same weights pruned to exact zeros: True" in out, out
+    most = int(out.split("at most ")[1].split(" units")[0])
+    assert most <= 8, out
+    assert "| 2:4, swapped(), the native prototype |" in out
