@@ -14,21 +14,16 @@ with ``torch.equal`` before timing): what a bit-exact rewrite could save.
 from __future__ import annotations
 
 import argparse
-import timeit
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 import feather_sparse as fs
-from _timing import machine
+from _timing import best_us, machine
 from bench_nm_step import EXCLUDE, fresh
 from feather_sparse.nm import operator
 from feather_sparse.ops import BLOCK
-
-
-def best_us(fn: Callable[[], object], number: int = 200) -> float:
-    return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
 
 
 def pooled_second_smallest(a: torch.Tensor) -> torch.Tensor:
@@ -45,7 +40,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="mnist1d_mlpmixer")
     args = parser.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
     model = fresh(args.model)
     pruner = fs.Pruner(model, pattern="2:4", exclude=EXCLUDE[args.model])
     with torch.no_grad():

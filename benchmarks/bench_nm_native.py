@@ -32,8 +32,6 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import time
-import timeit
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,7 +39,7 @@ from pathlib import Path
 import torch
 
 import feather_sparse as fs
-from _timing import machine, paired_median_difference, train_step
+from _timing import best_us, machine, paired_median_difference, timings, train_step
 from bench_nm_step import EXCLUDE, batch, fresh
 from feather_sparse.nm import fused, operator
 
@@ -167,21 +165,11 @@ def main() -> None:
             f"- kept values with other bits: {int((diff > 0).sum()):,} of {int(kept.sum()):,}; "
             f"at most {int(diff.max())} units in the last place"
         )
-        us_ours = min(
-            timeit.repeat(
-                lambda: operator._nm_forward(flat, pattern, one, 3.0, None, None),
-                number=200,
-                repeat=5,
-            )
-        )
-        us_theirs = min(
-            timeit.repeat(
-                lambda: forward(flat, pattern, one, 3.0, None, None), number=200, repeat=5
-            )
-        )
+        us_ours = best_us(lambda: operator._nm_forward(flat, pattern, one, 3.0, None, None))
+        us_theirs = best_us(lambda: forward(flat, pattern, one, 3.0, None, None))
         print(
-            f"- the forward of all of them: {us_ours / 200 * 1e6:.0f} µs (library) against "
-            f"{us_theirs / 200 * 1e6:.0f} µs (prototype)\n"
+            f"- the forward of all of them: {us_ours:.0f} µs (library) against "
+            f"{us_theirs:.0f} µs (prototype)\n"
         )
 
         x, y = batch()
@@ -189,18 +177,11 @@ def main() -> None:
         for label in ("library", "prototype"):
             m = fresh(args.model)
             p = fs.Pruner(m, pattern="2:4", exclude=EXCLUDE[args.model])
-            step = train_step(m, p, x, y, swap=True)
-            if label == "prototype":
-                steps[label] = lambda step=step: _with(forward, step)
-            else:
-                steps[label] = step
-        times: dict[str, list[float]] = {k: [] for k in steps}
-        for i in range(args.rounds + 3):
-            for label, step in steps.items():
-                start = time.perf_counter()
-                step()
-                if i >= 3:
-                    times[label].append((time.perf_counter() - start) * 1e3)
+            steps[label] = train_step(m, p, x, y, swap=True)
+        own_model_step = steps["prototype"]  # its own model, the substitution around it
+        steps["prototype"] = lambda: _with(forward, own_model_step)
+        seconds = timings(steps, repeats=args.rounds, warmup=3)
+        times = {label: [t * 1e3 for t in ts] for label, ts in seconds.items()}
         dense = statistics.median(times["dense"])
         print("| variant | median step (ms) | × dense | minus the library's (ms; 95 % interval) |")
         print("|---|---:|---:|---|")
