@@ -172,7 +172,7 @@ def _train_epoch(s: _Session, progress: bool) -> tuple[float, float]:
     bar = _Progress(s.steps_per_epoch, f"epoch {s.epoch + 1}/{config.epochs}", progress)
     try:
         for i, (x, y) in enumerate(s.bundle.train):
-            # The forward and backward on P_T(w) written into the weights where that
+            # The forward and backward on P_T(w) put into the weights where that
             # gives the same gradients (θ = 1; see feather_sparse.swap), else as usual.
             with contextlib.nullcontext() if pruner is None else pruner.swapped():
                 with s.autocast():
