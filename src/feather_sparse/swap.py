@@ -65,13 +65,11 @@ from torch import Tensor, nn
 
 from feather_sparse.backbones import PruneTarget
 from feather_sparse.nm.backbone import NMBackbone
+from feather_sparse.nm.fused import _PLAIN  # types written as a whole (not a DTensor)
 from feather_sparse.ops import ThresholdOperator
 from feather_sparse.pruner import FeatherParametrization, Pruner, _copy_each, _overrides
 
 __all__ = ["SWAP_MAX_NUMEL", "swap_refusal", "swapped"]
-
-#: Stored weight types written as a whole (a DTensor or a wrapper is not).
-_PLAIN = (Tensor, nn.Parameter)
 
 #: Layers of more weights than this keep the usual forward inside the block.
 #: Swapping saves a fixed cost per layer and access; for a large layer with one
