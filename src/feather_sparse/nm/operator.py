@@ -58,6 +58,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from feather_sparse.nm import native
 from feather_sparse.ops import (
     BLOCK,
     _block,
@@ -352,10 +353,9 @@ def _nm_forward(
     """
     dtype = compute_dtype(w.dtype)
     x = group_view(w.detach(), pattern).to(dtype)
-    out = torch.empty_like(x)
     if mask is not None:  # a fixed mask: plain masking
         aux = mask.reshape(x.shape).to(dtype)
-        torch.addcmul(constant(0.0, x), x, aux, out=out)
+        out = torch.addcmul(constant(0.0, x), x, aux)
     elif math.isinf(p):  # hard: exactly n kept, ties by position (0 + w·k: +0.0 where pruned)
         keep, t = nm_keep_mask(w, pattern)
         aux = keep.to(dtype)
@@ -364,13 +364,23 @@ def _nm_forward(
         # above T_g may rank below it, and must not be kept as well)
         lowered = torch.where(ramp < 1, t * ramp.to(dtype), torch.inf)
         torch.maximum(aux, (x.abs() > lowered).to(dtype), out=aux)
-        torch.addcmul(constant(0.0, x), x, aux, out=out)
+        out = torch.addcmul(constant(0.0, x), x, aux)
     else:  # P_T is zero wherever |w| <= T: the thresholds alone do the pruning
-        aux = group_thresholds(w, pattern).mul_(ramp.to(dtype))
-        _threshold_blocks(x, aux, p, out)
+        done = native.forward(x, pattern.n, ramp, p)  # torch's bits, one pass (nm.native)
+        out, aux = done if done is not None else _torch_thresholded(x, pattern, ramp, p)
     if scale is not None:
         out.mul_(scale.to(dtype))
     return out.to(w.dtype).reshape(w.shape), aux
+
+
+def _torch_thresholded(
+    x: Tensor, pattern: NMPattern, ramp: Tensor, p: float
+) -> tuple[Tensor, Tensor]:
+    """``(P_T(x), ramp · T_g)`` of the ``(G, m)`` groups ``x`` (compute dtype), by torch kernels."""
+    aux = group_thresholds(x, pattern).mul_(ramp.to(x.dtype))
+    out = torch.empty_like(x)
+    _threshold_blocks(x, aux, p, out)
+    return out, aux
 
 
 def _threshold_blocks(x: Tensor, t: Tensor, p: float, out: Tensor) -> None:

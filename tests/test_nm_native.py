@@ -1,0 +1,214 @@
+"""The native N:M forward (nm.native): torch's bits, or off with a reason, never other results."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import feather_sparse as fs
+from feather_sparse.nm import native
+from feather_sparse.nm.operator import NMPattern, _nm_forward, _torch_thresholded
+
+HAS_CC = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
+
+
+def _has_mkl_functions() -> bool:
+    try:
+        lib = native._torch_library()
+        return bool(lib.vmsLn and lib.vmsExp)
+    except (native._Off, AttributeError):
+        return False
+
+
+EXPECT_ON = HAS_CC and _has_mkl_functions() and torch.backends.cpu.get_cpu_capability() != ""
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """A clean kernel state and an empty cache folder; the shared state is restored afterwards."""
+    monkeypatch.setenv("FEATHER_SPARSE_CACHE", str(tmp_path))
+    native._reset()
+    yield tmp_path
+    native._reset()
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32)
+
+
+def _awkward(groups: int, m: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(groups, m, generator=g) * 10.0 ** torch.randint(
+        -44, 4, (groups, 1), generator=g
+    )
+    x[::4, 0] = 0.0
+    x[::3, 1] = x[::3, 0]
+    return x
+
+
+def test_on_where_a_compiler_and_torchs_mkl_functions_are_there() -> None:
+    if not EXPECT_ON:
+        pytest.skip("no C compiler or no MKL functions in this torch build")
+    assert native.status().startswith("on"), native.status()
+
+
+@pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
+@pytest.mark.parametrize("pattern", ["2:4", "1:4", "4:8", "3:16"])
+@pytest.mark.parametrize("p", [2.0, 3.0, 4.0, 7.0])
+def test_gives_the_torch_kernels_bits(pattern: str, p: float) -> None:
+    pat = NMPattern.parse(pattern)
+    for groups in (1, 3, 513, 2049):  # partial blocks of 2,048 and vector tails
+        x = _awkward(groups, pat.m, groups)
+        for ramp in (1.0, 0.75, 0.0):
+            r = torch.tensor(ramp)
+            got = native.forward(x, pat.n, r, p)
+            assert got is not None
+            want = _torch_thresholded(x, pat, r, p)
+            assert torch.equal(_bits(got[0]), _bits(want[0]))
+            assert torch.equal(_bits(got[1]), _bits(want[1]))
+            assert got[1].shape == (groups, 1)
+
+
+@pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
+def test_a_weight_that_is_not_finite_sends_the_tensor_to_torch() -> None:
+    pat = NMPattern(2, 4)
+    x = _awkward(600, 4, 1)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        y = x.clone()
+        y[517, 2] = bad
+        assert native.forward(y, 2, torch.tensor(1.0), 3.0) is None
+        out, _ = _nm_forward(y, pat, torch.tensor(1.0), 3.0, None, None)
+        want = _torch_thresholded(y, pat, torch.tensor(1.0), 3.0)
+        assert torch.equal(out.isnan(), want[0].isnan())
+        ok = ~want[0].isnan()
+        assert torch.equal(_bits(out[ok]), _bits(want[0][ok]))
+
+
+def test_what_it_does_not_serve_goes_to_torch() -> None:
+    x = _awkward(64, 4, 2)
+    r = torch.tensor(1.0)
+    assert native.forward(x.double(), 2, r, 3.0) is None  # float32 only
+    for p in (1.0, 2.5, float("inf"), 17.0):
+        assert native.forward(x, 2, r, p) is None
+    assert native.forward(x, 2, torch.full((64, 1), 0.5), 3.0) is None  # per-group ramps
+    assert native.forward(x.t().contiguous().t(), 2, r, 3.0) is None  # not contiguous
+    assert native.forward(torch.zeros(0, 4), 2, r, 3.0) is None
+    assert native.forward(_awkward(4, 64, 3), 32, r, 3.0) is None  # groups over 32
+
+
+@pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
+def test_many_threads_leave_large_tensors_to_torchs_parallel_kernels() -> None:
+    threads = torch.get_num_threads()
+    small = _awkward(native.SERIAL_NUMEL // 4, 4, 4)
+    large = _awkward(native.SERIAL_NUMEL // 4 + 1, 4, 5)
+    r = torch.tensor(1.0)
+    try:
+        torch.set_num_threads(native.MAX_THREADS + 1)
+        assert native.forward(small, 2, r, 3.0) is not None
+        assert native.forward(large, 2, r, 3.0) is None
+        torch.set_num_threads(native.MAX_THREADS)
+        assert native.forward(large, 2, r, 3.0) is not None
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_turned_off_by_the_environment(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.ENV, "0")
+    assert native.status() == f"off: turned off by {native.ENV}=0"
+    assert native.forward(_awkward(8, 4, 6), 2, torch.tensor(1.0), 3.0) is None
+
+
+def test_no_compiler_turns_it_off_with_the_reason(
+    fresh: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not _has_mkl_functions():
+        pytest.skip("no MKL functions in this torch build")
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert native.status() == "off: no C compiler found (set CC, or install cc/gcc/clang)"
+    x = _awkward(40, 4, 7)
+    out, _ = _nm_forward(x, NMPattern(2, 4), torch.tensor(1.0), 3.0, None, None)
+    want, _ = _torch_thresholded(x, NMPattern(2, 4), torch.tensor(1.0), 3.0)
+    assert torch.equal(_bits(out), _bits(want))
+
+
+@pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
+def test_a_failing_compiler_turns_it_off_with_its_message(
+    fresh: Path, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    fake = tmp_path_factory.mktemp("bin") / "fakecc"
+    fake.write_text("#!/bin/sh\necho 'fakecc: cannot compile today' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    status = native.status()
+    assert status.startswith(f"off: the C compiler {fake} failed"), status
+    assert "cannot compile today" in status
+    assert not list((fresh / "native").glob("*.so"))  # nothing half-written left behind
+
+
+@pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
+def test_built_once_then_taken_from_the_cache(fresh: Path) -> None:
+    assert native.status().startswith("on")
+    built = list((fresh / "native").glob("nm-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    native._reset()
+    assert native.status() == f"on ({built[0]})"
+    assert built[0].stat().st_mtime_ns == stamp
+
+
+@pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
+def test_a_damaged_cache_file_is_built_again(fresh: Path) -> None:
+    # damaged before this process loads it (a loaded library is never written over:
+    # a build replaces the file, it does not write into it)
+    key = native._key(native._compiler(), native._flags(native._addcmul_fused()))
+    path = fresh / "native" / f"nm-{key}.so"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a shared library")
+    assert native.status() == f"on ({path})"
+    assert path.read_bytes()[:4] == b"\x7fELF"
+
+
+@pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
+def test_other_bits_than_torchs_turn_it_off_with_a_warning(
+    fresh: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(native, "_VML_MODE", 0x140101)  # MKL's low-accuracy mode: other bits
+    with pytest.warns(UserWarning, match="self-test found bits other than torch"):
+        status = native.status()
+    assert status.startswith("off: its self-test"), status
+    assert native.forward(_awkward(8, 4, 8), 2, torch.tensor(1.0), 3.0) is None
+
+
+@pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
+def test_training_gives_the_same_bits_with_and_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    def train(on: bool) -> dict[str, torch.Tensor]:
+        monkeypatch.setattr(native, "_get", native._get if on else lambda: None)
+        calls = []
+        real = native._call
+        monkeypatch.setattr(native, "_call", lambda *a: calls.append(1) or real(*a))
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)
+        )
+        pruner = fs.Pruner(model, pattern="2:4", total_steps=6, min_params=0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(6):
+            x = torch.randn(16, 32, generator=g)
+            y = torch.randint(0, 8, (16,), generator=g)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            pruner.step()
+        assert bool(calls) == on
+        return {k: v.clone() for k, v in pruner.dense_state_dict(pruned=True).items()}
+
+    with_native, without = train(True), train(False)
+    assert with_native.keys() == without.keys()
+    for key in with_native:
+        assert torch.equal(with_native[key].view(torch.int32), without[key].view(torch.int32)), key
