@@ -48,12 +48,10 @@ def test_every_alternative_computation_of_the_operators_parts_gives_its_bits() -
 @pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler"
 )
-def test_the_native_prototype_prunes_the_same_weights_within_a_few_ulps() -> None:
-    """docs/benchmarks-nm.md reads the prototype's step time as what a fused kernel of
-    the same operator would cost; that holds while it prunes the same weights and its
-    kept values differ by a few units in the last place at most."""
+def test_the_native_forward_benchmark_compares_the_same_bits() -> None:
+    """docs/benchmarks-nm.md reads the native forward's step time as a speed-up of the
+    same computation; that holds while the script finds the torch kernels' bits."""
     out = run("bench_nm_native.py", "--model", "mnist1d_mlpmixer", "--rounds", "2")
-    assert "- the same weights pruned to exact zeros: True" in out, out
-    most = int(out.split("at most ")[1].split(" units")[0])
-    assert most <= 8, out
-    assert "| 2:4, swapped(), the native prototype |" in out
+    assert "torch kernels' bits (output and thresholds): True" in out, out
+    assert "| 2:4, swapped(), native forward |" in out
+    assert "| 2:4, swapped(), torch kernels |" in out

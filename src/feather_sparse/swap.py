@@ -161,8 +161,10 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
     layers = [s.layer for s in swaps]
     stored = [s.weight for s in swaps]
     with torch.no_grad():
-        # computed as the forward computes them (the N:M backbone's fused pass included)
-        written = [p(w) for p, w in zip(layers, stored)]
+        # computed as the forward computes them: the N:M backbone's fused layers in one
+        # call (one call per layer costs ~15 µs on a CPU), any other through its layer
+        done = _fused_forwards(pruner, layers)
+        written = [done[p.index] if p.index in done else p(w) for p, w in zip(layers, stored)]
     # The stored weights take the memory of P_T(w), and give it back at the end: no copy
     # either way, and the dense values stay untouched in their own memory. ``.data``
     # keeps each weight's identity (the optimizer's, autograd's gradient accumulator)
@@ -200,6 +202,18 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
             "write was undone and the weights are those of before the block; call "
             "optimizer.step() after it"
         )
+
+
+def _fused_forwards(pruner: Pruner, layers: list[FeatherParametrization]) -> dict[int, Tensor]:
+    """The N:M backbone's fused forwards of ``layers`` by target index (empty otherwise)."""
+    backbone, operator = pruner.backbone, pruner.operator
+    if not (isinstance(backbone, NMBackbone) and isinstance(operator, ThresholdOperator)):
+        return {}
+    if any(layer.operator is not operator for layer in layers):
+        return {}
+    return backbone.swap_forwards(
+        [layer.index for layer in layers], [layer.threshold for layer in layers], operator.p
+    )
 
 
 def _restore(

@@ -161,16 +161,71 @@ def same_bits(a: Tensor, b: Tensor) -> bool:
 
 @dataclass
 class _Entry:
-    """One layer's cached forward and what it was computed from."""
+    """One layer's cached forward and what it was computed from.
 
-    reference: Tensor  # the weight's bits when computed (a slice of the concatenation)
+    A fused layer's bit reference and thresholds stay in the pass's whole
+    tensors (``source``, ``thresholds``) at ``offset`` and ``first``: making a
+    tensor per layer costs microseconds, and the comparison reads the memory
+    directly (:func:`_same_as_reference`).
+    """
+
+    source: Tensor  # the weights' bits when computed: the layer's own copy, or the pass's
+    offset: int  # the layer's first element in source
     out: Tensor  # P_T(w), the weight's shape and dtype
-    aux: Tensor  # what the backward needs (see operator._nm_forward)
+    thresholds: Tensor  # what the backward needs (see operator._nm_forward), possibly the pass's
+    first: int  # the layer's first row in thresholds
+    rows: int  # its number of rows there
     ramp: Tensor  # the ramp buffer it used (identity and version are checked)
     ramp_version: int
     p: float
     out_version: int  # out's version counter when computed: an in-place edit of a view moves it
     hits: int = 0  # uses after the computation (layers computed alone)
+
+    @property
+    def aux(self) -> Tensor:
+        """The layer's thresholds (or kept positions): what ``_nm_forward`` returned for it."""
+        t = self.thresholds
+        return t if self.rows == t.shape[0] else t[self.first : self.first + self.rows]
+
+    def reference(self) -> Tensor:
+        """The layer's bit reference as a tensor of the weight's shape."""
+        n = self.out.numel()
+        return self.source.reshape(-1)[self.offset : self.offset + n].view(self.out.shape)
+
+
+def _same_as_reference(weight: Tensor, entry: _Entry) -> bool:
+    """Whether ``weight`` holds, bit for bit, the weights ``entry`` was computed from.
+
+    Two contiguous plain CPU tensors are compared byte for byte at the
+    layer's offset, with no tensor made; anything else through :func:`same_bits`.
+    """
+    source = entry.source
+    if (
+        _MEMCMP is not None
+        and type(weight) in _PLAIN
+        and weight.dtype == source.dtype
+        and weight.shape == entry.out.shape
+        and weight.is_cpu
+        and weight.is_contiguous()
+        and weight.numel() > 0
+    ):
+        try:
+            pointer = weight.data_ptr()
+        except RuntimeError:  # a wrapper without storage of its own (torch.func, fake tensors)
+            pointer = None
+        if pointer is not None:
+            size = weight.element_size()
+            start = source.data_ptr() + entry.offset * size
+            return _MEMCMP(pointer, start, weight.numel() * size) == 0
+    return same_bits(weight, entry.reference())
+
+
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def _traced() -> bool:
@@ -265,6 +320,57 @@ class FusedNMForward:
             return None  # asked for another tensor than the stored weight (a direct call)
         return entry.out, entry.aux
 
+    def forwards(
+        self,
+        indices: Sequence[int],
+        ramps: Sequence[Tensor],
+        p: float,
+        weights: Sequence[Tensor],
+    ) -> dict[int, Tensor]:
+        """The fused layers' ``P_T(w)`` among ``indices``, all at once (``Pruner.swapped()``).
+
+        The layers' cached forwards where every one is valid, else one fresh
+        pass; the same values as :meth:`get` gives layer by layer, without a
+        call per layer. Layers it does not compute (too large, another dtype)
+        are left out of the answer: the caller computes those itself.
+
+        Args:
+            indices: the layers asked for (their positions among the targets).
+            ramps: their 0-d ramp factors.
+            p: the operator's power.
+            weights: every target's stored weight (the backbone's order).
+        """
+        wanted = [i for i in indices if self.eligible[i]]
+        if len(wanted) < 2:
+            return {}
+        dtype = weights[wanted[0]].dtype
+        if any(
+            weights[i].dtype != dtype or not weights[i].is_cpu or type(weights[i]) not in _PLAIN
+            for i in wanted
+        ):
+            return {}
+        for i, r in zip(indices, ramps):
+            if self.eligible[i]:
+                self._ramps[i] = r
+        valid = True
+        for i in wanted:
+            entry = self._entries.get(i)
+            if entry is None or not self._valid(entry, weights[i], self._ramps[i], p):
+                valid = False
+                break
+        if not valid:
+            group = [
+                i
+                for i, r in self._ramps.items()
+                if self.eligible[i]
+                and weights[i].dtype == dtype
+                and weights[i].is_cpu
+                and r.is_cpu
+                and type(weights[i]) in _PLAIN
+            ]
+            self._compute(sorted(group), p, weights, None)
+        return {i: self._entries[i].out for i in wanted}
+
     def _alone(
         self, index: int, weight: Tensor, ramp: Tensor, p: float, scale: Tensor | None
     ) -> tuple[Tensor, Tensor] | None:
@@ -284,7 +390,9 @@ class FusedNMForward:
         with torch.no_grad():
             reference = weight.detach().clone()
             out, aux = _nm_forward(reference, self.pattern, ramp, p, None, scale)
-        self._entries[index] = _Entry(reference, out, aux, ramp, ramp._version, p, out._version)
+        self._entries[index] = _Entry(
+            reference, 0, out, aux, 0, aux.shape[0], ramp, ramp._version, p, out._version
+        )
         return out, aux
 
     @staticmethod
@@ -294,7 +402,7 @@ class FusedNMForward:
             and entry.ramp is ramp
             and entry.ramp_version == ramp._version
             and entry.out._version == entry.out_version  # no edit of a forward handed out
-            and same_bits(weight, entry.reference)  # reads bits only: no detach needed
+            and _same_as_reference(weight, entry)  # reads bits only: no detach needed
         )
 
     @torch.no_grad()
@@ -329,20 +437,18 @@ class FusedNMForward:
             ).unsqueeze(1)
         out, aux = _nm_forward(flat.view(-1, m), self.pattern, ramp, p, None, scale)
         out = out.reshape(-1)
-        sizes = [g * m for g in groups]
-        # one call each for every layer's slice (14 layers: tens of microseconds less)
-        for i, w, reference, forward, a, r in zip(
-            group, parts, flat.split(sizes), out.split(sizes), aux.split(groups), ramps
-        ):
+        version = out._version  # the slices share the whole pass's counter
+        offset = first = 0
+        base = out.storage_offset()
+        for i, w, g, r in zip(group, parts, groups, ramps):
+            n = g * m
+            # one tensor per layer (its forward); the rest stays in the pass's tensors
+            forward = out.as_strided(w.shape, _contiguous_strides(w.shape), base + offset)
             self._entries[i] = _Entry(
-                reference=reference.view(w.shape),
-                out=forward.view(w.shape),
-                aux=a,
-                ramp=r,
-                ramp_version=r._version,
-                p=p,
-                out_version=out._version,  # the slices share the whole pass's counter
+                flat, offset, forward, aux, first, g, r, r._version, p, version
             )
+            offset += n
+            first += g
 
     def clear(self) -> None:
         """Drop every cached forward and ramp reference."""
