@@ -74,6 +74,31 @@ def test_gives_the_torch_kernels_bits(pattern: str, p: float) -> None:
 
 
 @pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
+@pytest.mark.parametrize("pattern", ["2:4", "4:8"])
+def test_tensors_read_in_place_give_the_bits_of_their_concatenation(pattern: str) -> None:
+    pat = NMPattern.parse(pattern)
+    parts = [_awkward(g, pat.m, g).reshape(-1, 2 * pat.m) for g in (2, 1030, 6, 4098)]
+    weights = [torch.nn.Parameter(w) for w in parts]  # as the fused pass passes them
+    flat, out, aux = native.forward_many(weights, pat, torch.tensor(0.75), 3.0)
+    whole = torch.cat([w.reshape(-1) for w in parts])
+    want = _torch_thresholded(whole.view(-1, pat.m), pat, torch.tensor(0.75), 3.0)
+    assert torch.equal(_bits(flat), _bits(whole))  # the bit reference, copied while reading
+    assert torch.equal(_bits(out), _bits(want[0].reshape(-1)))
+    assert torch.equal(_bits(aux), _bits(want[1]))
+    assert all(w.grad_fn is None and w.grad is None for w in weights)
+
+
+def test_tensors_it_cannot_read_in_place_go_to_torch() -> None:
+    pat, r = NMPattern(2, 4), torch.tensor(1.0)
+    good = _awkward(8, 4, 9)
+    assert native.forward_many([], pat, r, 3.0) is None
+    assert native.forward_many([good, good.double()], pat, r, 3.0) is None
+    assert native.forward_many([good, good.t()], pat, r, 3.0) is None  # not contiguous
+    assert native.forward_many([good, torch.zeros(6)], pat, r, 3.0) is None  # not whole groups
+    assert native.forward_many([good, good], pat, r, float("inf")) is None
+
+
+@pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
 def test_a_weight_that_is_not_finite_sends_the_tensor_to_torch() -> None:
     pat = NMPattern(2, 4)
     x = _awkward(600, 4, 1)
@@ -189,8 +214,9 @@ def test_training_gives_the_same_bits_with_and_without_it(monkeypatch: pytest.Mo
     def train(on: bool) -> dict[str, torch.Tensor]:
         monkeypatch.setattr(native, "_get", native._get if on else lambda: None)
         calls = []
-        real = native._call
-        monkeypatch.setattr(native, "_call", lambda *a: calls.append(1) or real(*a))
+        for name in ("_call", "_call_many"):
+            real = getattr(native, name)
+            monkeypatch.setattr(native, name, lambda *a, real=real: calls.append(1) or real(*a))
         torch.manual_seed(0)
         model = nn.Sequential(
             nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)

@@ -75,6 +75,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from feather_sparse.nm import native
 from feather_sparse.nm.operator import NMPattern, _nm_forward
 
 __all__ = ["CACHE_ALONE", "FUSE_MAX_NUMEL", "JOIN_MAX_NUMEL", "FusedNMForward"]
@@ -415,7 +416,6 @@ class FusedNMForward:
     ) -> None:
         m = self.pattern.m
         parts = [weights[i] for i in group]  # under no_grad: no detach needed
-        flat = torch.cat([w.reshape(-1) for w in parts])  # a copy: the bit reference too
         groups = [w.numel() // m for w in parts]
         ramps = [self._ramps[i] for i in group]
         values = torch.stack(ramps).tolist()
@@ -428,14 +428,21 @@ class FusedNMForward:
             ramp = torch.cat([r.reshape(1).expand(g) for r, g in zip(ramps, groups)]).unsqueeze(1)
         scale = None
         if scales is not None and any(scales[i] is not None for i in group):
-            ones = torch.ones((), dtype=torch.float32, device=flat.device)
+            ones = torch.ones((), dtype=torch.float32)
             scale = torch.cat(
                 [
                     (ones if scales[i] is None else scales[i]).reshape(1).expand(g)  # type: ignore[union-attr]
                     for i, g in zip(group, groups)
                 ]
             ).unsqueeze(1)
-        out, aux = _nm_forward(flat.view(-1, m), self.pattern, ramp, p, None, scale)
+        # the native forward reads the weights in place and copies them as it goes (the
+        # bit reference); else a concatenated copy and the forward of it, the same bits
+        done = native.forward_many(parts, self.pattern, ramp, p) if scale is None else None
+        if done is not None:
+            flat, out, aux = done
+        else:
+            flat = torch.cat([w.reshape(-1) for w in parts])  # a copy: the bit reference too
+            out, aux = _nm_forward(flat.view(-1, m), self.pattern, ramp, p, None, scale)
         out = out.reshape(-1)
         version = out._version  # the slices share the whole pass's counter
         offset = first = 0

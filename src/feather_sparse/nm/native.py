@@ -52,13 +52,18 @@ import sys
 import tempfile
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["ENV", "MAX_THREADS", "SERIAL_NUMEL", "forward", "status"]
+if TYPE_CHECKING:
+    from feather_sparse.nm.operator import NMPattern
+
+__all__ = ["ENV", "MAX_THREADS", "SERIAL_NUMEL", "forward", "forward_many", "status"]
 
 #: Set to ``0`` to compute with the torch kernels only (read at the first use).
 ENV = "FEATHER_SPARSE_NATIVE"
@@ -79,10 +84,11 @@ SOURCE = r"""
 /* Feather's N:M forward (feather_sparse.nm.native): torch's operations, in torch's order. */
 #include <float.h>
 #include <math.h>
+#include <string.h>
 
 typedef void (*vml_fn)(int n, const float *a, float *r, long long mode);
 
-#define BLOCK 2048
+#define BLOCK 2048 /* weights per block: its temporaries stay in the L1 cache */
 /* min and max of magnitudes that are finite and never -0: plain comparisons */
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) < (b) ? (b) : (a))
@@ -92,11 +98,22 @@ typedef void (*vml_fn)(int n, const float *a, float *r, long long mode);
 #define HORNER(h, r) (1.0f + (h) * (r))
 #endif
 
-/* The (k)-th smallest magnitude of each group of m, times ramp, into aux and wide. */
-static void thresholds(const float *x, float *aux, float *wide, long groups, int m, int k,
-                       float ramp) {
-    if (m == 4 && k == 1) {
-        for (long g = 0; g < groups; ++g) {
+/* 1 where the float32 bits are an infinity or a NaN (exponent all ones), else 0 */
+static inline int not_finite(const float *x) {
+    unsigned int bits;
+    memcpy(&bits, x, sizeof bits);
+    return (bits & 0x7f800000u) == 0x7f800000u;
+}
+
+/* The k-th smallest magnitude of each group of m, times ramp, into aux (one per group)
+   and wide (one per weight); 1 if a weight is not finite (aux and wide then unusable). */
+static int thresholds(const float *restrict x, float *restrict aux, float *restrict wide,
+                      int groups, int m, int k, float ramp) {
+    int bad = 0;
+    for (int i = 0; i < groups * m; ++i) bad |= not_finite(x + i);
+    if (bad) return 1;
+    if (m == 4 && k == 1) { /* 2:4: a selection network over the group */
+        for (int g = 0; g < groups; ++g) {
             const float a0 = fabsf(x[4 * g]), a1 = fabsf(x[4 * g + 1]);
             const float a2 = fabsf(x[4 * g + 2]), a3 = fabsf(x[4 * g + 3]);
             const float lows = MAX(MIN(a0, a1), MIN(a2, a3));
@@ -104,7 +121,7 @@ static void thresholds(const float *x, float *aux, float *wide, long groups, int
             aux[g] = MIN(lows, highs) * ramp;
         }
     } else {
-        for (long g = 0; g < groups; ++g) {
+        for (int g = 0; g < groups; ++g) {
             float s[32];
             for (int j = 0; j < m; ++j) s[j] = fabsf(x[g * m + j]);
             for (int i = 1; i < m; ++i) { /* insertion sort: the k-th value is unique */
@@ -119,52 +136,75 @@ static void thresholds(const float *x, float *aux, float *wide, long groups, int
             aux[g] = s[k] * ramp;
         }
     }
-    for (long g = 0; g < groups; ++g)
+    for (int g = 0; g < groups; ++g)
         for (int j = 0; j < m; ++j) wide[g * m + j] = aux[g];
+    return 0;
 }
 
-/* clamp_min(1 - r^p, tiny) of one weight x with threshold t, and [|x| <= t] into *pruned */
-static inline float one_minus_rp(float x, float t, int p, float *pruned) {
-    float a = fabsf(x);                       /* |w| */
-    const float u = a <= t ? 1.0f : 0.0f;     /* [|w| <= T] */
-    float d = a - t;                          /* |w| - T */
-    a = a + u;                                /* never 0/0 */
-    d = d / a;                                /* 1 - r */
-    const float r = t / a;                    /* r = T/|w| */
-    float h = r + 1.0f;
-    for (int e = 2; e < p; ++e) h = HORNER(h, r);
-    d = d * h;                                /* 1 - r^p */
-    *pruned = u;
-    return d > FLT_MIN ? d : FLT_MIN;         /* clamp_min(tiny) */
-}
+/* y = clamp_min(1 - r^p, tiny) and u = [|w| <= T] of the c weights x, thresholds t; one
+   function per power loop, so that each loop is free of branches and vectorised */
+#define BRACKET(NAME, POWER)                                                                \
+    static void NAME(const float *restrict x, const float *restrict t, float *restrict y, \
+                     float *restrict u, int c, int p) {                                   \
+        (void)p;                                                                          \
+        for (int i = 0; i < c; ++i) {                                                     \
+            float a = fabsf(x[i]);                        /* |w| */                       \
+            const float pruned = a <= t[i] ? 1.0f : 0.0f; /* [|w| <= T] */                \
+            float d = a - t[i];                           /* |w| - T */                   \
+            a = a + pruned;                               /* never 0/0 */                 \
+            d = d / a;                                    /* 1 - r */                     \
+            const float r = t[i] / a;                     /* r = T/|w| */                 \
+            float h = r + 1.0f;                           /* Horner: 1 + r + ... */       \
+            POWER                                                                         \
+            d = d * h;                                    /* 1 - r^p */                   \
+            y[i] = d > FLT_MIN ? d : FLT_MIN;             /* clamp_min(tiny) */           \
+            u[i] = pruned;                                                                \
+        }                                                                                 \
+    }
+BRACKET(bracket_3, h = HORNER(h, r);)
+BRACKET(bracket_p, for (int e = 2; e < p; ++e) h = HORNER(h, r);)
 
-/* out = P_T(w), aux = T per group; 1 (and nothing usable) if a weight is not finite. */
-int feather_nm_forward(const float *w, float *out, float *aux, long groups, int m, int k,
-                       float ramp, int p, float inv_p, void *ln, void *ex, long long mode) {
-    vml_fn vml_ln = (vml_fn)ln, vml_exp = (vml_fn)ex;
+/* One tensor's groups, block by block; each block also copied into ref unless it is NULL. */
+static int run(const float *w, float *ref, float *out, float *aux, long groups, int m, int k,
+               float ramp, int p, float inv_p, vml_fn vml_ln, vml_fn vml_exp, long long mode) {
     float y[BLOCK], u[BLOCK], t[BLOCK];
     const long per = BLOCK / m;
     for (long g0 = 0; g0 < groups; g0 += per) {
-        const long gs = groups - g0 < per ? groups - g0 : per;
-        const int c = (int)(gs * m);
+        const int gs = (int)(groups - g0 < per ? groups - g0 : per);
+        const int c = gs * m;
         const float *x = w + g0 * m;
-        int bad = 0;
-        for (int i = 0; i < c; ++i) bad |= !(fabsf(x[i]) <= FLT_MAX);
-        if (bad) return 1;
-        thresholds(x, aux + g0, t, gs, m, k, ramp);
-        if (p == 3) { /* Feather's default: its own loop, which the compiler vectorises */
-            for (int i = 0; i < c; ++i) y[i] = one_minus_rp(x[i], t[i], 3, &u[i]);
-        } else {
-            for (int i = 0; i < c; ++i) y[i] = one_minus_rp(x[i], t[i], p, &u[i]);
-        }
+        if (ref) memcpy(ref + g0 * m, x, (size_t)c * sizeof(float));
+        if (thresholds(x, aux + g0, t, gs, m, k, ramp)) return 1;
+        (p == 3 ? bracket_3 : bracket_p)(x, t, y, u, c, p);
         vml_ln(c, y, y, mode);
         for (int i = 0; i < c; ++i) y[i] = y[i] * inv_p;
         vml_exp(c, y, y, mode);
         float *o = out + g0 * m;
         for (int i = 0; i < c; ++i) {
             const float v = y[i] * x[i];
-            o[i] = v + (-1.0f * v) * u[i];                /* addcmul(v, v, u, value=-1) */
+            o[i] = v + (-1.0f * v) * u[i]; /* addcmul(v, v, u, value=-1) */
         }
+    }
+    return 0;
+}
+
+/* out = P_T(w), aux = T per group; 1 (and nothing usable) if a weight is not finite. */
+int feather_nm_forward(const float *w, float *out, float *aux, long groups, int m, int k,
+                       float ramp, int p, float inv_p, void *ln, void *ex, long long mode) {
+    return run(w, NULL, out, aux, groups, m, k, ramp, p, inv_p, (vml_fn)ln, (vml_fn)ex, mode);
+}
+
+/* The same for count tensors read in place, as if concatenated: ref receives their
+   concatenation, out and aux the concatenation's forward and thresholds. */
+int feather_nm_forward_many(const float *const *ws, const long *groups, int count, float *ref,
+                            float *out, float *aux, int m, int k, float ramp, int p,
+                            float inv_p, void *ln, void *ex, long long mode) {
+    long done = 0;
+    for (int i = 0; i < count; ++i) {
+        if (run(ws[i], ref + done * m, out + done * m, aux + done, groups[i], m, k, ramp, p,
+                inv_p, (vml_fn)ln, (vml_fn)ex, mode))
+            return 1;
+        done += groups[i];
     }
     return 0;
 }
@@ -174,6 +214,7 @@ int feather_nm_forward(const float *w, float *out, float *aux, long groups, int 
 @dataclass(frozen=True)
 class _Kernel:
     function: ctypes._CFuncPtr  # type: ignore[name-defined]
+    many: ctypes._CFuncPtr  # type: ignore[name-defined]
     ln: int
     exp: int
     fused: bool  # torch's addcmul kernel is one fused multiply-add
@@ -288,21 +329,16 @@ def _load() -> _Kernel:
     except OSError:  # a damaged cache file: build it again
         path.unlink(missing_ok=True)
         shared = ctypes.CDLL(str(_build(cc, flags, key)))
+    tail: list[Any] = [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.c_float]
+    tail += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong]
     function = shared.feather_nm_forward
     function.restype = ctypes.c_int
-    function.argtypes = [
-        *(ctypes.c_void_p,) * 3,
-        ctypes.c_long,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_float,
-        ctypes.c_int,
-        ctypes.c_float,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_longlong,
-    ]
-    return _Kernel(function, ln, exp, fused, path)
+    function.argtypes = [*(ctypes.c_void_p,) * 3, ctypes.c_long, *tail]
+    many = shared.feather_nm_forward_many
+    many.restype = ctypes.c_int
+    many.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, *(ctypes.c_void_p,) * 3]
+    many.argtypes += tail
+    return _Kernel(function, many, ln, exp, fused, path)
 
 
 def _key(cc: str, flags: list[str]) -> str:
@@ -353,6 +389,40 @@ def _call(
     return None if bad else (out, aux)
 
 
+def _call_many(
+    k: _Kernel, parts: Sequence[Tensor], m: int, kth: int, ramp: float, p: int
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    count = len(parts)
+    groups = [w.numel() // m for w in parts]
+    total = sum(groups) * m
+    flat = torch.empty(total, dtype=torch.float32)
+    out = torch.empty(total, dtype=torch.float32)
+    aux = torch.empty(total // m, 1, dtype=torch.float32)
+    pointers = (ctypes.c_void_p * count)(*(w.data_ptr() for w in parts))
+    sizes = (ctypes.c_long * count)(*groups)
+    bad = k.many(
+        pointers, sizes, count, flat.data_ptr(), out.data_ptr(), aux.data_ptr(), m, kth, ramp,
+        p, 1.0 / p, k.ln, k.exp, _VML_MODE,
+    )  # fmt: skip
+    return None if bad else (flat, out, aux)
+
+
+def _serves(numel: int, m: int, ramp: Tensor, p: float) -> bool:
+    """Whether the native forward takes this call (the checks common to both entries)."""
+    return (
+        2 <= p <= 16
+        and p == int(p)
+        and m <= 32
+        and numel > 0
+        and ramp.numel() == 1
+        and ramp.is_cpu
+        and (numel <= SERIAL_NUMEL or torch.get_num_threads() <= MAX_THREADS)
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+        and not torch._C._are_functorch_transforms_active()
+    )
+
+
 def forward(x: Tensor, n: int, ramp: Tensor, p: float) -> tuple[Tensor, Tensor] | None:
     """``(P_T(x), T)`` of the float32 ``(G, m)`` groups ``x`` keeping ``n``, or None.
 
@@ -360,29 +430,52 @@ def forward(x: Tensor, n: int, ramp: Tensor, p: float) -> tuple[Tensor, Tensor] 
     docstring) or is off; the caller then computes with torch. ``T`` is
     ``(G, 1)``: the ``(m − n)``-th smallest magnitude of each group times ``ramp``.
     """
-    g, m = x.shape
+    m = x.shape[1]
     if not (
         x.dtype == torch.float32
-        and 2 <= p <= 16
-        and p == int(p)
-        and m <= 32
-        and g > 0
-        and ramp.numel() == 1
         and x.is_cpu
-        and ramp.is_cpu
         and type(x) is Tensor
         and x.is_contiguous()
         and not x.requires_grad
-        and (x.numel() <= SERIAL_NUMEL or torch.get_num_threads() <= MAX_THREADS)
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
-        and not torch._C._are_functorch_transforms_active()
+        and _serves(x.numel(), m, ramp, p)
     ):
         return None
     k = _get()
     if k is None:
         return None
     return _call(k, x, m, m - n - 1, float(ramp.to(torch.float32)), int(p))
+
+
+def forward_many(
+    parts: Sequence[Tensor], pattern: NMPattern, ramp: Tensor, p: float
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The forward of ``parts`` as if concatenated, read in place, or None.
+
+    ``(flat, out, aux)``: the concatenation of the flattened ``parts`` (a
+    copy, made while reading them), ``P_T`` of it and its ``(G, 1)``
+    thresholds, with the bits of :func:`forward` on ``flat.view(-1, m)``
+    (groups never cross two parts). None where :func:`forward` would not
+    apply, or a part is not a contiguous float32 CPU tensor of whole groups.
+    """
+    m = pattern.m
+    numel = 0
+    for w in parts:
+        if not (
+            w.dtype == torch.float32
+            and w.is_cpu
+            and type(w) in (Tensor, torch.nn.Parameter)
+            and w.is_contiguous()
+            and w.numel() > 0
+            and w.numel() % m == 0
+        ):
+            return None
+        numel += w.numel()
+    if not (parts and _serves(numel, m, ramp, p)):
+        return None
+    k = _get()
+    if k is None:
+        return None
+    return _call_many(k, parts, m, m - pattern.n - 1, float(ramp.to(torch.float32)), int(p))
 
 
 def _self_test(k: _Kernel) -> bool:
@@ -399,14 +492,22 @@ def _self_test(k: _Kernel) -> bool:
             x[::5, 0] = 0.0
             x[::3, 1] = x[::3, 2]  # ties
             x[::7, 3] = -0.0
+            cut = (groups // 3) * m  # two parts read in place, as the fused pass gives them
+            parts = [x.reshape(-1)[:cut], x.reshape(-1)[cut:]] if cut else [x.reshape(-1)]
             for p in (2, 3, 4, 5):
                 for value in (1.0, 0.5, 0.0):
-                    ramp = torch.tensor(value)
+                    want = _torch_thresholded(x, pattern, torch.tensor(value), float(p))
                     got = _call(k, x, m, m - n - 1, value, p)
-                    if got is None:
+                    many = _call_many(k, parts, m, m - n - 1, value, p)
+                    if got is None or many is None:
                         return False
-                    want = _torch_thresholded(x, pattern, ramp, float(p))
-                    for a, b in zip(got, want):
-                        if not torch.equal(a.view(torch.int32), b.view(torch.int32)):
+                    if not torch.equal(many[0], x.reshape(-1)):
+                        return False
+                    for a, b, c in zip(got, many[1:], want):
+                        bits = c.view(torch.int32)
+                        if not (
+                            torch.equal(a.view(torch.int32), bits)
+                            and torch.equal(b.reshape(c.shape).view(torch.int32), bits)
+                        ):
                             return False
     return True
