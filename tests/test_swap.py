@@ -439,3 +439,33 @@ def test_a_model_converted_inside_the_block_gets_its_dense_weights_back(
         weight = model.get_submodule(name).parametrizations.weight.original
         assert weight.dtype == torch.float64
         assert torch.equal(weight, dense[f"{name}.weight"].double()), name
+
+
+@pytest.mark.parametrize("pattern", ["2:4", "4:8"])
+def test_the_fused_layers_are_swapped_in_with_one_call(
+    pattern: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One call per layer costs ~15 µs on a CPU: the N:M backbone hands every fused
+    layer's forward at once, the same values the layer's own forward gives."""
+    model = net()
+    pruner = fs.Pruner(model, pattern=pattern)
+    want = snapshot(pruner, pruned=True)
+    calls: list[int] = []
+    layer_forward = type(pruner._parametrization(pruner.targets[0])).forward
+    monkeypatch.setattr(
+        type(pruner._parametrization(pruner.targets[0])),
+        "forward",
+        lambda self, w: calls.append(self.index) or layer_forward(self, w),
+    )
+    for _ in range(2):  # a fresh pass, then the valid cache
+        with pruner.swapped() as on:
+            assert on and calls == []
+            for t in pruner.targets:
+                assert torch.equal(t.weight, want[f"{t.name}.weight"]), t.name
+    with torch.no_grad():
+        model.fc.parametrizations.weight.original.mul_(2.0)  # a weight changed: computed again
+    want = snapshot(pruner, pruned=True)
+    calls.clear()
+    with pruner.swapped():
+        assert torch.equal(model.fc.parametrizations.weight.original, want["fc.weight"])
+    assert calls == []

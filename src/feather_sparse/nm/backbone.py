@@ -383,8 +383,9 @@ class NMBackbone(Backbone):
         What :meth:`forward_weight` gives each of them with θ = 1 under
         ``no_grad``, by :meth:`FusedNMForward.forwards`; empty where a layer
         needs more than the plain fused forward (frozen masks, S-STE's β,
-        SR-STE's decay, a group order other than the storage's, a weight whose
-        dtype changed since it was taken): the caller then asks layer by layer.
+        SR-STE's decay), and without the layers whose groups are not runs of
+        their storage or whose weight changed dtype since it was taken: the
+        caller asks for those layer by layer.
 
         Args:
             indices: the layers (positions among the targets).
@@ -392,18 +393,16 @@ class NMBackbone(Backbone):
             p: the operator's power.
         """
         fused = self._fused
-        if (
-            fused is None
-            or self._masks is not None
-            or self._beta is not None
-            or self.decay != 0.0
-            or (self._orders and any(self._orders[i] != "flat" for i in indices))
-        ):
+        if fused is None or self._masks is not None or self._beta is not None or self.decay != 0.0:
             return {}
         weights = self._stored()
-        if self._taken is not None and any(self._taken[i][1] != weights[i].dtype for i in indices):
-            return {}
-        usable = [(i, t) for i, t in zip(indices, thresholds) if fused.usable(i, weights[i])]
+        usable = [
+            (i, t)
+            for i, t in zip(indices, thresholds)
+            if (not self._orders or self._orders[i] == "flat")  # groups are runs of storage
+            and (self._taken is None or self._taken[i][1] == weights[i].dtype)
+            and fused.usable(i, weights[i])
+        ]
         return fused.forwards([i for i, _ in usable], [t for _, t in usable], p, weights)
 
     def splits_groups(self, index: int, weight: Tensor) -> bool:
