@@ -139,10 +139,8 @@ MUTATIONS = [
     ),
     dict(
         id="nat19",
-        desc="the fused entry's thresholds not sliced to the layer",
-        old="        return t if self.rows == t.shape[0] else t[self.first : self.first + self.rows]",
-        new="        return t",
-        file=FUSED,
-        tests=WIDE,
+        desc="the native forward called without the ramp (every threshold at its full value)",
+        old="    return _call(k, x, m, m - n - 1, float(ramp.to(torch.float32)), int(p))",
+        new="    return _call(k, x, m, m - n - 1, 1.0, int(p))",
     ),
 ]

@@ -99,14 +99,14 @@ MUTATIONS = [
     dict(
         id="nm15",
         desc="finite p: ramp ignored",
-        old="aux = group_thresholds(w, pattern).mul_(ramp.to(dtype))",
-        new="aux = group_thresholds(w, pattern)",
+        old="aux = group_thresholds(x, pattern).mul_(ramp.to(x.dtype))",
+        new="aux = group_thresholds(x, pattern)",
     ),
     dict(
         id="nm16",
         desc="fixed-mask forward: x*mask (-0.0 where pruned)",
-        old="        torch.addcmul(constant(0.0, x), x, aux, out=out)\n    elif",
-        new="        torch.mul(x, aux, out=out)\n    elif",
+        old="        out = torch.addcmul(constant(0.0, x), x, aux)\n    elif",
+        new="        out = torch.mul(x, aux)\n    elif",
     ),
     dict(
         id="nm17",

@@ -216,8 +216,8 @@ MUTATIONS = [
         id="nmb29",
         desc="fused pass: bit reference aliases the stored weight (never stale after a step)",
         file=FUSED,
-        old="reference=reference.view(w.shape),",
-        new="reference=w.detach(),",
+        old="                flat, offset, forward, aux, first, g, r, r._version, p, version",
+        new="                w.detach().reshape(-1), 0, forward, aux, first, g, r, r._version, p, version",
     ),
     dict(
         id="nmb30",
@@ -230,7 +230,7 @@ MUTATIONS = [
         id="nmb31",
         desc="fused pass: every layer's backward constants from the first layer (aux[:g])",
         file=FUSED,
-        old="aux=a,",
-        new="aux=aux[: a.shape[0]],",
+        old="        return t if self.rows == t.shape[0] else t[self.first : self.first + self.rows]",
+        new="        return t if self.rows == t.shape[0] else t[: self.rows]",
     ),
 ]

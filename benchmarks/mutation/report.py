@@ -1170,6 +1170,25 @@ LOC = {
     "sw23": "`swapped` (the direct reads undone)",
     "sw24": "`_read_directly` (the class's descriptor)",
     "sw25": "`_read_directly` (the module's own weight)",
+    "nat01": "`SOURCE` (`HORNER`)",
+    "nat02": "`SOURCE` (`bracket_3`)",
+    "nat03": "`SOURCE` (`thresholds`, 2:4)",
+    "nat04": "`SOURCE` (`thresholds`, the finite check)",
+    "nat05": "`SOURCE` (`run`, the reference copy)",
+    "nat06": "`_addcmul_fused`",
+    "nat07": "`_get` (the self-test)",
+    "nat08": "`_load` (`FEATHER_SPARSE_NATIVE`)",
+    "nat09": "`_load` (a damaged cache file)",
+    "nat10": "`_serves` (threads)",
+    "nat11": "`forward` (contiguity)",
+    "nat12": "`_serves` (one ramp)",
+    "nat13": "`forward_many` (whole groups)",
+    "nat14": "`_same_as_reference` (fused.py)",
+    "nat15": "`FusedNMForward.forwards` (fused.py)",
+    "nat16": "`swapped` (swap.py)",
+    "nat17": "`NMBackbone.swap_forwards` (β)",
+    "nat18": "`NMBackbone.swap_forwards` (group order)",
+    "nat19": "`forward` (the ramp)",
 }
 EQUIV = {
     "ops13": "equivalent: with `a = sign(|w| − T) ∈ {−1, 0, 1}` and θ ∈ [0, 1], `θ + a` and `θ + 2a` clamp to the same θ, θ, 1",
@@ -1285,6 +1304,10 @@ MODULES = (
     (
         "swp",
         "`swap.py`, the pass-through in `pruner.py`, the loop's block (`Pruner.swapped()`)",
+    ),
+    (
+        "nat",
+        "`nm/native.py`, the fused pass's entries, `swapped()`'s one call (the native N:M forward)",
     ),
 )
 
