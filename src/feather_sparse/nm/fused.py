@@ -304,18 +304,10 @@ class FusedNMForward:
         if entry is not None and self._valid(entry, weight, ramp, p):
             return entry.out, entry.aux
         stored = weights()
-        group = [
-            i
-            for i, r in self._ramps.items()
-            if self.eligible[i]
-            and stored[i].dtype == weight.dtype
-            and stored[i].is_cpu  # as the weight asking (see usable)
-            and r.is_cpu
-            and type(stored[i]) in _PLAIN
-        ]
+        group = self._group(weight.dtype, stored)
         if len(group) < 2:
             return None
-        self._compute(sorted(group), p, stored, scales)
+        self._compute(group, p, stored, scales)
         entry = self._entries[index]
         if weight is not stored[index] and not self._valid(entry, weight, ramp, p):
             return None  # asked for another tensor than the stored weight (a direct call)
@@ -360,17 +352,27 @@ class FusedNMForward:
                 valid = False
                 break
         if not valid:
-            group = [
-                i
-                for i, r in self._ramps.items()
-                if self.eligible[i]
-                and weights[i].dtype == dtype
-                and weights[i].is_cpu
-                and r.is_cpu
-                and type(weights[i]) in _PLAIN
-            ]
-            self._compute(sorted(group), p, weights, None)
+            group = self._group(dtype, weights)
+            if len(group) < 2:
+                return {}
+            self._compute(group, p, weights, None)
+            computed = set(group)
+            wanted = [i for i in wanted if i in computed]  # the others: layer by layer
         return {i: self._entries[i].out for i in wanted}
+
+    def _group(self, dtype: torch.dtype, stored: Sequence[Tensor]) -> list[int]:
+        """The layers one pass computes, in order: every registered eligible layer whose
+        stored weight has ``dtype`` and, like its ramp, lies on the CPU as a plain tensor
+        (as :meth:`usable` requires of the weight asking)."""
+        return sorted(
+            i
+            for i, r in self._ramps.items()
+            if self.eligible[i]
+            and stored[i].dtype == dtype
+            and stored[i].is_cpu
+            and r.is_cpu
+            and type(stored[i]) in _PLAIN
+        )
 
     def _alone(
         self, index: int, weight: Tensor, ramp: Tensor, p: float, scale: Tensor | None
