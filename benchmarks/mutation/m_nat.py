@@ -131,10 +131,10 @@ MUTATIONS = [
     ),
     dict(
         id="nat18",
-        desc="a layer whose groups are not runs of its storage handed the fused forward",
-        old='(not self._orders or self._orders[i] == "flat")',
-        new="True",
-        file=BACKBONE,
+        desc="swapped()'s one call does not register the layers' ramps (its first pass computes none)",
+        old="            if self.eligible[i]:\n                self._ramps[i] = r",
+        new="            if self.eligible[i]:\n                pass",
+        file=FUSED,
         tests=WIDE,
     ),
     dict(

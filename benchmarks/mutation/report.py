@@ -1187,7 +1187,7 @@ LOC = {
     "nat15": "`FusedNMForward.forwards` (fused.py)",
     "nat16": "`swapped` (swap.py)",
     "nat17": "`NMBackbone.swap_forwards` (β)",
-    "nat18": "`NMBackbone.swap_forwards` (group order)",
+    "nat18": "`FusedNMForward.forwards` (the ramps)",
     "nat19": "`forward` (the ramp)",
 }
 EQUIV = {

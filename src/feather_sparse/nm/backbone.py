@@ -381,11 +381,12 @@ class NMBackbone(Backbone):
         """The fused layers' forwards among ``indices`` in one call (``Pruner.swapped()``).
 
         What :meth:`forward_weight` gives each of them with θ = 1 under
-        ``no_grad``, by :meth:`FusedNMForward.forwards`; empty where a layer
-        needs more than the plain fused forward (frozen masks, S-STE's β,
-        SR-STE's decay), and without the layers whose groups are not runs of
-        their storage or whose weight changed dtype since it was taken: the
-        caller asks for those layer by layer.
+        ``no_grad``, by :meth:`FusedNMForward.forwards`; empty where the
+        layers need more than the plain fused forward (frozen masks, S-STE's
+        β, SR-STE's decay). Only fused layers are answered (grouped flat, small
+        enough: see ``setup``); the caller asks for the others layer by layer.
+        ``swapped()`` has already refused tracing, ``torch.func`` and
+        inference mode.
 
         Args:
             indices: the layers (positions among the targets).
@@ -395,15 +396,7 @@ class NMBackbone(Backbone):
         fused = self._fused
         if fused is None or self._masks is not None or self._beta is not None or self.decay != 0.0:
             return {}
-        weights = self._stored()
-        usable = [
-            (i, t)
-            for i, t in zip(indices, thresholds)
-            if (not self._orders or self._orders[i] == "flat")  # groups are runs of storage
-            and (self._taken is None or self._taken[i][1] == weights[i].dtype)
-            and fused.usable(i, weights[i])
-        ]
-        return fused.forwards([i for i, _ in usable], [t for _, t in usable], p, weights)
+        return fused.forwards(indices, thresholds, p, self._stored())
 
     def splits_groups(self, index: int, weight: Tensor) -> bool:
         """Whether some rank's shard of layer ``index``'s ``weight`` cuts through its groups.
