@@ -446,16 +446,16 @@ def test_the_fused_layers_are_swapped_in_with_one_call(
     pattern: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One call per layer costs ~15 µs on a CPU: the N:M backbone hands every fused
-    layer's forward at once, the same values the layer's own forward gives."""
+    layer's forward at once, the same values the layer's own forward gives, from the
+    first block of a fresh Pruner on."""
+    want = snapshot(fs.Pruner(net(), pattern=pattern), pruned=True)  # the same weights
     model = net()
     pruner = fs.Pruner(model, pattern=pattern)
-    want = snapshot(pruner, pruned=True)
     calls: list[int] = []
-    layer_forward = type(pruner._parametrization(pruner.targets[0])).forward
+    cls = type(pruner._parametrization(pruner.targets[0]))
+    layer_forward = cls.forward
     monkeypatch.setattr(
-        type(pruner._parametrization(pruner.targets[0])),
-        "forward",
-        lambda self, w: calls.append(self.index) or layer_forward(self, w),
+        cls, "forward", lambda self, w: calls.append(self.index) or layer_forward(self, w)
     )
     for _ in range(2):  # a fresh pass, then the valid cache
         with pruner.swapped() as on:
