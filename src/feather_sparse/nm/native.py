@@ -438,6 +438,12 @@ def forward(x: Tensor, n: int, ramp: Tensor, p: float) -> tuple[Tensor, Tensor] 
     None when the native function does not apply here (see the module
     docstring) or is off; the caller then computes with torch. ``T`` is
     ``(G, 1)``: the ``(m − n)``-th smallest magnitude of each group times ``ramp``.
+
+    Args:
+        x: the groups, ``(G, m)``, a contiguous float32 CPU tensor.
+        n: the weights each group keeps.
+        ramp: the 0-d factor of every threshold.
+        p: the operator's power (an integer from 2 to 16 is served).
     """
     m = x.shape[1]
     if not (
@@ -465,6 +471,12 @@ def forward_many(
     thresholds, with the bits of :func:`forward` on ``flat.view(-1, m)``
     (groups never cross two parts). None where :func:`forward` would not
     apply, or a part is not a contiguous float32 CPU tensor of whole groups.
+
+    Args:
+        parts: the weights, each read in place (not changed).
+        pattern: the N:M pattern.
+        ramp: the 0-d factor of every threshold.
+        p: the operator's power (an integer from 2 to 16 is served).
     """
     m = pattern.m
     numel = 0
