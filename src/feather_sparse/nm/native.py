@@ -18,7 +18,7 @@ fuses, plain operations elsewhere, no reassociation (``-ffp-contract=off``)
   source, flags and compiler, and reused afterwards;
 * before it is used it must reproduce, bit for bit, the torch computation
   on a probe of several thousand weights (ties, zeros, subnormal and large
-  magnitudes, partial blocks, ramps 0, 0.5 and 1, ``p`` 2 to 5, the 1:4,
+  magnitudes, partial blocks, ramps 0, 0.5 and 1, ``p`` 2, 3 and 5, the 1:4,
   2:4 and 4:8 patterns); any difference, a missing compiler, a build
   without MKL's functions or a failed build turns it off, with the reason
   in :func:`status`, and the torch kernels compute as before;
@@ -506,7 +506,7 @@ def _self_test(k: _Kernel) -> bool:
     g = torch.Generator().manual_seed(20261127)
     for n, m in ((2, 4), (1, 4), (4, 8)):
         pattern = NMPattern(n, m)
-        for groups in (1, 7, 515, 1029):  # partial blocks and vector tails
+        for groups in (7, 1029):  # a vector tail; full blocks and a partial one
             x = torch.randn(groups, m, generator=g)
             scale = torch.logspace(-42, 30, groups * m).reshape(groups, m)  # subnormal to large
             x = x * scale[torch.randperm(groups, generator=g)]
@@ -515,7 +515,7 @@ def _self_test(k: _Kernel) -> bool:
             x[::7, 3] = -0.0
             cut = (groups // 3) * m  # two parts read in place, as the fused pass gives them
             parts = [x.reshape(-1)[:cut], x.reshape(-1)[cut:]] if cut else [x.reshape(-1)]
-            for p in (2, 3, 4, 5):
+            for p in (2, 3, 5):  # no Horner step, one (Feather's default), three
                 for value in (1.0, 0.5, 0.0):
                     want = _torch_thresholded(x, pattern, torch.tensor(value), float(p))
                     got = _call(k, x, m, m - n - 1, value, p)
