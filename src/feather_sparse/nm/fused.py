@@ -208,6 +208,7 @@ def _same_as_reference(weight: Tensor, entry: _Entry) -> bool:
         and weight.shape == entry.out.shape
         and weight.is_cpu
         and weight.is_contiguous()
+        and source.is_contiguous()  # a layer's own copy keeps its weight's strides
         and weight.numel() > 0
     ):
         try:
