@@ -671,3 +671,28 @@ def test_a_parametrization_called_on_another_tensor_computes_that_tensor(
         assert torch.equal(param(other), nm_threshold(other, "2:4"))
         stored = model[0].parametrizations.weight.original
         assert torch.equal(param(stored), nm_threshold(stored, "2:4"))
+
+
+def test_a_layer_computed_alone_compares_its_weight_in_logical_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A layer computed alone keeps a copy of its weight with the weight's own strides; a
+    contiguous weight later put in its place is compared value by value, never against
+    the copy's memory in storage order (which would take a transposed weight for the same)."""
+    monkeypatch.setattr(fused, "FUSE_MAX_NUMEL", 0)  # every layer alone
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 16, bias=False)
+    layer.weight = nn.Parameter(torch.randn(16, 16).t())  # stored (in, out): not contiguous
+    fs.Pruner(layer, pattern="2:4")
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        layer(x)
+        layer(x)  # a repeat before the weight changed: the forward is cached alone
+        w = layer.parametrizations.weight.original
+        copy = w.detach().clone()
+        assert not copy.is_contiguous()
+        # the copy's memory read in row-major order: the same bytes, other values
+        same_bytes = torch.as_strided(copy, copy.shape, (copy.shape[1], 1)).clone()
+        assert not torch.equal(same_bytes, copy)
+        w.data = same_bytes
+        assert torch.equal(layer.weight, nm_threshold(same_bytes, "2:4"))

@@ -143,4 +143,12 @@ MUTATIONS = [
         old="    return _call(k, x, m, m - n - 1, float(ramp.to(torch.float32)), int(p))",
         new="    return _call(k, x, m, m - n - 1, 1.0, int(p))",
     ),
+    dict(
+        id="nat20",
+        desc="a layer's own copy compared in storage order when its strides are not contiguous",
+        old="        and source.is_contiguous()  # a layer's own copy keeps its weight's strides\n",
+        new="",
+        file=FUSED,
+        tests=WIDE,
+    ),
 ]

@@ -1189,6 +1189,7 @@ LOC = {
     "nat17": "`NMBackbone.swap_forwards` (β)",
     "nat18": "`FusedNMForward.forwards` (the ramps)",
     "nat19": "`forward` (the ramp)",
+    "nat20": "`_same_as_reference` (a strided copy; fused.py)",
 }
 EQUIV = {
     "ops13": "equivalent: with `a = sign(|w| − T) ∈ {−1, 0, 1}` and θ ∈ [0, 1], `θ + a` and `θ + 2a` clamp to the same θ, θ, 1",
