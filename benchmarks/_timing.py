@@ -53,13 +53,15 @@ def timings(
     repeats: int = 7,
     warmup: int = 2,
     device: torch.device | None = None,
+    seed: int = 0,
 ) -> dict[str, list[float]]:
     """Seconds of each call of each function, measured interleaved round-robin
     (sample ``i`` of every function comes from the same round). Each round
-    starts one function further along (a rotation), so that no function
-    always runs right after the same one: measured on 2026-11-27, the same
-    2:4 step timed second or third after the dense CNN step differed by
-    0.8 ms (95 % interval 0.35 to 1.39) in a fixed order. On a CUDA
+    runs the functions in an order of its own (a seeded shuffle), so that no
+    function always runs in the same place or right after the same one:
+    measured on 2026-11-27, the same 2:4 step timed second or third after the
+    dense CNN step differed by 0.8 ms (95 % interval 0.35 to 1.39) in a fixed
+    order. On a CUDA
     ``device`` each timing starts and ends with the device idle, so that it
     counts the kernels a call queued and not only their launch."""
     if device is not None and device.type == "cuda":
@@ -76,9 +78,10 @@ def timings(
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     order = list(fns.items())
-    for r in range(repeats):
-        shift = r % len(order) if order else 0
-        for name, fn in order[shift:] + order[:shift]:
+    shuffle = random.Random(seed).shuffle
+    for _ in range(repeats):
+        shuffle(order)
+        for name, fn in order:
             sync()
             start = time.perf_counter()
             fn()

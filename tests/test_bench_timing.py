@@ -2,47 +2,44 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import itertools
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tests._helpers import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _timing() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "bench_timing", ROOT / "benchmarks" / "_timing.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+@pytest.fixture(scope="module")
+def timing() -> Iterator[ModuleType]:
+    with script_module(ROOT / "benchmarks" / "_timing.py", "_timing_rounds_under_test") as module:
+        yield module
 
 
-def test_each_round_starts_one_function_further_along() -> None:
-    """In a fixed order the function timed right after another inherits its caches:
-    rotated, every function runs after every other one equally often."""
-    timing = _timing()
+def test_each_round_runs_the_functions_in_an_order_of_its_own(timing: ModuleType) -> None:
+    """In a fixed order the function timed right after another inherits its state: each
+    round is shuffled (seeded), so every function runs in every place and after every
+    other function, and the same seed gives the same orders."""
     calls: list[str] = []
-    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
-    times = timing.timings(fns, repeats=6, warmup=0)
-    assert {k: len(v) for k, v in times.items()} == {"a": 6, "b": 6, "c": 6}
-    rounds = [calls[i : i + 3] for i in range(0, 18, 3)]
-    assert rounds[:3] == [list("abc"), list("bca"), list("cab")]
-    for name in "abc":  # in each position twice over six rounds
-        assert [r.index(name) for r in rounds].count(0) == 2
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abcd"}
+    times = timing.timings(fns, repeats=60, warmup=0)
+    assert {k: len(v) for k, v in times.items()} == {k: 60 for k in "abcd"}
+    rounds = [calls[i : i + 4] for i in range(0, 240, 4)]
+    assert all(sorted(r) == list("abcd") for r in rounds)  # each once a round
+    places = {(r.index(name), name) for r in rounds for name in "abcd"}
+    assert len(places) == 16  # every function in every place
+    follows = {(a, b) for a, b in itertools.pairwise(calls) if a != b}
+    assert len(follows) == 12  # every function right after every other one
+    again: list[str] = []
+    timing.timings({n: (lambda n=n: again.append(n)) for n in "abcd"}, repeats=60, warmup=0)
+    assert again == calls
     assert timing.timings({}, repeats=3) == {}
 
 
-def test_the_paired_ratio_and_its_interval() -> None:
-    timing = _timing()
+def test_the_paired_ratio_and_its_interval(timing: ModuleType) -> None:
     mid, lo, hi = timing.paired_median_ratio([2.0, 2.2, 1.8, 2.0], [1.0, 1.1, 0.9, 1.0])
     assert (mid, lo, hi) == (2.0, 2.0, 2.0)  # every round twice as slow
     mid, lo, hi = timing.paired_median_ratio([1.0, 1.2, 1.1, 1.05, 1.3], [1.0] * 5)
