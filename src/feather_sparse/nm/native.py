@@ -28,8 +28,8 @@ fuses, plain operations elsewhere, no reassociation (``-ffp-contract=off``)
 So whether it runs changes the speed, never a bit: every stored result,
 resume and ``.fsp`` file is the same either way. Measured
 (``benchmarks/bench_nm_native.py``, docs/benchmarks-nm.md): the mixer's
-100,992 2:4 weights in 221 µs against 728 µs with the torch kernels, one
-thread, and the mixer's 2:4 step 1.02 ms shorter (0.79 to 1.22).
+100,992 2:4 weights in 223 µs against 720 µs with the torch kernels, one
+thread, and the mixer's 2:4 step 0.81 ms shorter (0.68 to 1.09).
 
 :func:`forward` serves a ``(G, m)`` tensor (``nm.operator._nm_forward``);
 :func:`forward_many` the fused pass's layers, read in place as if
