@@ -238,3 +238,38 @@ def test_training_gives_the_same_bits_with_and_without_it(monkeypatch: pytest.Mo
     assert with_native.keys() == without.keys()
     for key in with_native:
         assert torch.equal(with_native[key].view(torch.int32), without[key].view(torch.int32)), key
+
+
+@pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
+def test_the_largest_magnitudes_in_one_call_are_torchs_values() -> None:
+    """The Pruner's finite check at every step: ``max |w|`` per tensor, exactly, NaN for a
+    tensor holding a NaN (wherever it is), infinity for one holding an infinity."""
+    from feather_sparse.pruner import _abs_max_each
+
+    g = torch.Generator().manual_seed(3)
+    weights = [
+        torch.randn(64, 33, generator=g) * 10.0 ** float(e) for e in range(-44, 36, 8)
+    ]  # subnormal to large, lengths that leave vector tails
+    weights += [torch.tensor([-0.0, 0.0]), torch.tensor([1e-45, -1e-44]), torch.tensor([-3.0])]
+    weights += [torch.tensor([1.0, -float("inf")]), torch.tensor([2.0, float("nan"), 1.0])]
+    weights += [torch.tensor([-float("nan"), -5.0] * 40)]  # a NaN with its sign bit set
+    got = native.abs_max_many(weights)
+    assert got is not None and got.dtype == torch.float32
+    want = torch.stack([w.abs().max() for w in weights])
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+    assert got[-3].item() == float("inf") and bool(got[-2].isnan()) and bool(got[-1].isnan())
+    assert torch.equal(_abs_max_each(weights).isnan(), want.isnan())  # the Pruner's path
+    assert native.abs_max_many([]) is None
+    assert native.abs_max_many([weights[0], weights[0].double()]) is None
+    assert native.abs_max_many([weights[0], torch.zeros(0)]) is None
+    assert native.abs_max_many([weights[0].t()]) is None  # not contiguous
+
+
+def test_a_nan_weight_still_stops_the_pruner_naming_the_layer() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    pruner = fs.Pruner(model, pattern="2:4")
+    with torch.no_grad():
+        model[2].parametrizations.weight.original[1, 3] = float("nan")
+    with pytest.raises(RuntimeError, match=r"non-finite weights .* layer 2 at step"):
+        pruner.step()

@@ -50,6 +50,7 @@ from feather_sparse.backbones import (
     outside_inference_mode,
 )
 from feather_sparse.nm import NMBackbone, NMPattern
+from feather_sparse.nm import native as nm_native
 from feather_sparse.nm.operator import is_transposed_linear
 from feather_sparse.ops import (
     OPERATORS,
@@ -1871,6 +1872,9 @@ def _abs_max_each(weights: Sequence[Tensor]) -> Tensor:
     """
     if not weights:
         return torch.zeros(0, dtype=torch.float32)
+    native = nm_native.abs_max_many(weights)  # one call, in place (float32 CPU weights)
+    if native is not None:
+        return native
     first = weights[0]
     if any(w.numel() == 0 or w.dtype != first.dtype or w.device != first.device for w in weights):
         return torch.stack([_abs_max(w) for w in weights])

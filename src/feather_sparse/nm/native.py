@@ -68,7 +68,15 @@ from torch import Tensor
 if TYPE_CHECKING:
     from feather_sparse.nm.operator import NMPattern
 
-__all__ = ["ENV", "MAX_THREADS", "SERIAL_NUMEL", "forward", "forward_many", "status"]
+__all__ = [
+    "ENV",
+    "MAX_THREADS",
+    "SERIAL_NUMEL",
+    "abs_max_many",
+    "forward",
+    "forward_many",
+    "status",
+]
 
 #: Set to ``0`` to compute with the torch kernels only (read at the first use).
 ENV = "FEATHER_SPARSE_NATIVE"
@@ -199,6 +207,21 @@ int feather_nm_forward(const float *w, float *out, float *aux, long groups, int 
     return run(w, NULL, out, aux, groups, m, k, ramp, p, inv_p, (vml_fn)ln, (vml_fn)ex, mode);
 }
 
+/* max |w| of each of count float32 tensors, exactly; a NaN for a tensor holding one. The
+   magnitudes are compared as integers (the bits of a non-negative float order like its
+   value, and every NaN's above infinity's), a loop the compiler vectorises. */
+void feather_abs_max_many(const float *const *ws, const long *numels, int count, float *out) {
+    for (int i = 0; i < count; ++i) {
+        const unsigned int *bits = (const unsigned int *)ws[i];
+        unsigned int top = 0;
+        for (long j = 0; j < numels[i]; ++j) {
+            const unsigned int b = bits[j] & 0x7fffffffu; /* |w| */
+            top = b > top ? b : top;
+        }
+        memcpy(out + i, &top, sizeof top);
+    }
+}
+
 /* The same for count tensors read in place, as if concatenated: ref receives their
    concatenation, out and aux the concatenation's forward and thresholds. */
 int feather_nm_forward_many(const float *const *ws, const long *groups, int count, float *ref,
@@ -220,6 +243,7 @@ int feather_nm_forward_many(const float *const *ws, const long *groups, int coun
 class _Kernel:
     function: ctypes._CFuncPtr  # type: ignore[name-defined]
     many: ctypes._CFuncPtr  # type: ignore[name-defined]
+    abs_max: ctypes._CFuncPtr  # type: ignore[name-defined]
     ln: int
     exp: int
     fused: bool  # torch's addcmul kernel is one fused multiply-add
@@ -347,7 +371,10 @@ def _load() -> _Kernel:
     many.restype = ctypes.c_int
     many.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, *(ctypes.c_void_p,) * 3]
     many.argtypes += tail
-    return _Kernel(function, many, ln, exp, fused, path)
+    abs_max = shared.feather_abs_max_many
+    abs_max.restype = None
+    abs_max.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    return _Kernel(function, many, abs_max, ln, exp, fused, path)
 
 
 def _key(cc: str, flags: list[str]) -> str:
@@ -497,6 +524,48 @@ def forward_many(
     if k is None:
         return None
     return _call_many(k, parts, m, m - pattern.n - 1, float(ramp.to(torch.float32)), int(p))
+
+
+def abs_max_many(weights: Sequence[Tensor]) -> Tensor | None:
+    """``max |w|`` of each of ``weights`` as one float32 vector, NaN where one holds a NaN.
+
+    Read in place, one pass each, in one call: the Pruner's finite check at
+    every step (``Pruner._abs_maxima``). None where the native library is off
+    or a tensor is not a non-empty contiguous float32 CPU tensor; the caller
+    then asks torch. Every value is exact, as a maximum is.
+
+    Args:
+        weights: the tensors (not changed).
+    """
+    if not weights:
+        return None
+    numel = 0
+    for w in weights:
+        if not (
+            w.dtype == torch.float32
+            and w.is_cpu
+            and type(w) in (Tensor, torch.nn.Parameter)
+            and w.is_contiguous()
+            and w.numel() > 0
+        ):
+            return None
+        numel = max(numel, w.numel())
+    if not (
+        (numel <= SERIAL_NUMEL or torch.get_num_threads() <= MAX_THREADS)
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+        and not torch._C._are_functorch_transforms_active()
+    ):
+        return None
+    k = _get()
+    if k is None:
+        return None
+    count = len(weights)
+    out = torch.empty(count, dtype=torch.float32)
+    pointers = (ctypes.c_void_p * count)(*(w.data_ptr() for w in weights))
+    sizes = (ctypes.c_long * count)(*(w.numel() for w in weights))
+    k.abs_max(pointers, sizes, count, out.data_ptr())
+    return out
 
 
 def _self_test(k: _Kernel) -> bool:
