@@ -151,4 +151,16 @@ MUTATIONS = [
         file=FUSED,
         tests=WIDE,
     ),
+    dict(
+        id="nat21",
+        desc="the finite check's magnitudes taken with their sign bit (a negative weight wins)",
+        old="            const unsigned int b = bits[j] & 0x7fffffffu; /* |w| */",
+        new="            const unsigned int b = bits[j]; /* |w| */",
+    ),
+    dict(
+        id="nat22",
+        desc="the finite check reads a non-contiguous tensor as if contiguous",
+        old="            and w.is_contiguous()\n            and w.numel() > 0\n        ):\n            return None\n        numel = max(",
+        new="            and w.numel() > 0\n        ):\n            return None\n        numel = max(",
+    ),
 ]

@@ -1190,6 +1190,8 @@ LOC = {
     "nat18": "`FusedNMForward.forwards` (the ramps)",
     "nat19": "`forward` (the ramp)",
     "nat20": "`_same_as_reference` (a strided copy; fused.py)",
+    "nat21": "`SOURCE` (`feather_abs_max_many`)",
+    "nat22": "`abs_max_many` (contiguity)",
 }
 EQUIV = {
     "ops13": "equivalent: with `a = sign(|w| − T) ∈ {−1, 0, 1}` and θ ∈ [0, 1], `θ + a` and `θ + 2a` clamp to the same θ, θ, 1",

@@ -33,7 +33,9 @@ thread, and the mixer's 2:4 step 0.81 ms shorter (0.68 to 1.09).
 
 :func:`forward` serves a ``(G, m)`` tensor (``nm.operator._nm_forward``);
 :func:`forward_many` the fused pass's layers, read in place as if
-concatenated, writing their bit reference (the concatenation) as it goes.
+concatenated, writing their bit reference (the concatenation) as it goes;
+:func:`abs_max_many` the Pruner's finite check at every step (exact
+maxima, no bits of torch's to match).
 
 It serves float32 weights on the CPU with an integer ``p`` from 2 to 16
 (Feather's default 3), groups of at most 32 and one ramp for the whole
