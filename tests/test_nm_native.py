@@ -273,3 +273,30 @@ def test_a_nan_weight_still_stops_the_pruner_naming_the_layer() -> None:
         model[2].parametrizations.weight.original[1, 3] = float("nan")
     with pytest.raises(RuntimeError, match=r"non-finite weights .* layer 2 at step"):
         pruner.step()
+
+
+@pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
+def test_an_error_in_the_self_test_turns_it_off_and_never_reaches_training(
+    fresh: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(k: object) -> bool:
+        raise RuntimeError("a probe that cannot run here")
+
+    monkeypatch.setattr(native, "_self_test", broken)
+    with pytest.warns(UserWarning, match="self-test found bits other than torch"):
+        assert native.status().startswith("off: its self-test")
+    x = _awkward(40, 4, 11)
+    out, _ = _nm_forward(x, NMPattern(2, 4), torch.tensor(1.0), 3.0, None, None)
+    want, _ = _torch_thresholded(x, NMPattern(2, 4), torch.tensor(1.0), 3.0)
+    assert torch.equal(_bits(out), _bits(want))
+
+
+def test_torchs_addcmul_is_told_fused_or_not_by_its_own_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch, "addcmul", lambda one, h, r: one + h * r)  # rounded twice
+    assert not native._addcmul_fused()
+    monkeypatch.setattr(
+        torch, "addcmul", lambda one, h, r: (one.double() + h.double() * r.double()).float()
+    )
+    assert native._addcmul_fused()

@@ -286,7 +286,7 @@ def _get() -> _Kernel | None:
                 _reason = f"{type(err).__name__}: {err}"
             if _kernel is None and _reason is None:
                 _reason = "unknown"
-            if _kernel is not None and not _self_test(_kernel):
+            if _kernel is not None and not _passes(_kernel):
                 _kernel = None
                 _reason = (
                     "its self-test found bits other than torch's kernels give on this "
@@ -322,13 +322,19 @@ def _compiler() -> str:
 
 
 def _addcmul_fused() -> bool:
-    """Whether torch's CPU ``addcmul`` rounds ``1 + h·r`` once (a fused multiply-add)."""
+    """Whether torch's CPU ``addcmul`` rounds ``1 + h·r`` once (a fused multiply-add).
+
+    Its results are compared with both roundings: once (computed in double,
+    where ``h·r`` is exact; the double's own rounding can differ in a rare
+    element, hence a count) and twice (``h·r`` rounded to float32 first).
+    """
     g = torch.Generator().manual_seed(0)
     h = torch.rand(4096, generator=g) + 1.0
     r = torch.rand(4096, generator=g)
     got = torch.addcmul(torch.ones(()), h, r)
-    fused = (1.0 + h.double() * r.double()).float()  # h·r is exact in double
-    return bool(torch.equal(got, fused))
+    once = (1.0 + h.double() * r.double()).float()
+    twice = torch.ones(()) + h * r  # two kernels: the product rounded, then the sum
+    return int((got != once).sum()) < int((got != twice).sum())
 
 
 def _flags(fused: bool) -> list[str]:
@@ -568,6 +574,14 @@ def abs_max_many(weights: Sequence[Tensor]) -> Tensor | None:
     sizes = (ctypes.c_long * count)(*(w.numel() for w in weights))
     k.abs_max(pointers, sizes, count, out.data_ptr())
     return out
+
+
+def _passes(k: _Kernel) -> bool:
+    """:func:`_self_test`, an error in it counting as a failure (never one of training's)."""
+    try:
+        return _self_test(k)
+    except Exception:  # the torch kernels compute instead
+        return False
 
 
 def _self_test(k: _Kernel) -> bool:
