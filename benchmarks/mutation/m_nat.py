@@ -93,8 +93,8 @@ MUTATIONS = [
     dict(
         id="nat13",
         desc="a tensor read in place that does not hold whole groups",
-        old="            and w.numel() % m == 0",
-        new="            and True",
+        old="    if not all(_readable(w) and w.numel() % m == 0 for w in parts):  # whole groups each",
+        new="    if not all(_readable(w) for w in parts):  # whole groups each",
     ),
     # --- the fused pass's entries and swapped()'s one call
     dict(
@@ -159,8 +159,8 @@ MUTATIONS = [
     ),
     dict(
         id="nat22",
-        desc="the finite check reads a non-contiguous tensor as if contiguous",
-        old="            and w.is_contiguous()\n            and w.numel() > 0\n        ):\n            return None\n        numel = max(",
-        new="            and w.numel() > 0\n        ):\n            return None\n        numel = max(",
+        desc="a native call reads a non-contiguous tensor as if contiguous (the finite check too)",
+        old="        and w.is_contiguous()\n        and w.numel() > 0\n    )",
+        new="        and w.numel() > 0\n    )",
     ),
 ]

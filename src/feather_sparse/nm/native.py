@@ -442,7 +442,7 @@ def _call_many(
     flat = torch.empty(total, dtype=torch.float32)
     out = torch.empty(total, dtype=torch.float32)
     aux = torch.empty(total // m, 1, dtype=torch.float32)
-    pointers = (ctypes.c_void_p * count)(*(w.data_ptr() for w in parts))
+    pointers, _ = _pointers(parts)
     sizes = (ctypes.c_long * count)(*groups)
     bad = k.many(
         pointers, sizes, count, flat.data_ptr(), out.data_ptr(), aux.data_ptr(), m, kth, ramp,
@@ -460,11 +460,39 @@ def _serves(numel: int, m: int, ramp: Tensor, p: float) -> bool:
         and numel > 0
         and ramp.numel() == 1
         and ramp.is_cpu
-        and (numel <= SERIAL_NUMEL or torch.get_num_threads() <= MAX_THREADS)
+        and _free(numel)
+    )
+
+
+def _free(numel: int) -> bool:
+    """Whether a native call may read ``numel`` weights here: not where torch's parallel
+    kernels would be faster (see :data:`MAX_THREADS`), nor inside a compiled, traced or
+    ``torch.func`` call."""
+    return (
+        (numel <= SERIAL_NUMEL or torch.get_num_threads() <= MAX_THREADS)
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
         and not torch._C._are_functorch_transforms_active()
     )
+
+
+def _readable(w: Tensor) -> bool:
+    """Whether ``w`` is a non-empty contiguous float32 CPU tensor a native call reads in place."""
+    return (
+        w.dtype == torch.float32
+        and w.is_cpu
+        and type(w) in (Tensor, torch.nn.Parameter)
+        and w.is_contiguous()
+        and w.numel() > 0
+    )
+
+
+def _pointers(tensors: Sequence[Tensor]) -> tuple[ctypes.Array, ctypes.Array]:
+    """The tensors' data pointers and sizes as C arrays."""
+    count = len(tensors)
+    pointers = (ctypes.c_void_p * count)(*(t.data_ptr() for t in tensors))
+    sizes = (ctypes.c_long * count)(*(t.numel() for t in tensors))
+    return pointers, sizes
 
 
 def forward(x: Tensor, n: int, ramp: Tensor, p: float) -> tuple[Tensor, Tensor] | None:
@@ -514,18 +542,9 @@ def forward_many(
         p: the operator's power (an integer from 2 to 16 is served).
     """
     m = pattern.m
-    numel = 0
-    for w in parts:
-        if not (
-            w.dtype == torch.float32
-            and w.is_cpu
-            and type(w) in (Tensor, torch.nn.Parameter)
-            and w.is_contiguous()
-            and w.numel() > 0
-            and w.numel() % m == 0
-        ):
-            return None
-        numel += w.numel()
+    if not all(_readable(w) and w.numel() % m == 0 for w in parts):  # whole groups each
+        return None
+    numel = sum(w.numel() for w in parts)
     if not (parts and _serves(numel, m, ramp, p)):
         return None
     k = _get()
@@ -545,34 +564,15 @@ def abs_max_many(weights: Sequence[Tensor]) -> Tensor | None:
     Args:
         weights: the tensors (not changed).
     """
-    if not weights:
+    if not (weights and all(_readable(w) for w in weights)):
         return None
-    numel = 0
-    for w in weights:
-        if not (
-            w.dtype == torch.float32
-            and w.is_cpu
-            and type(w) in (Tensor, torch.nn.Parameter)
-            and w.is_contiguous()
-            and w.numel() > 0
-        ):
-            return None
-        numel = max(numel, w.numel())
-    if not (
-        (numel <= SERIAL_NUMEL or torch.get_num_threads() <= MAX_THREADS)
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
-        and not torch._C._are_functorch_transforms_active()
-    ):
+    if not _free(max(w.numel() for w in weights)):
         return None
     k = _get()
     if k is None:
         return None
-    count = len(weights)
-    out = torch.empty(count, dtype=torch.float32)
-    pointers = (ctypes.c_void_p * count)(*(w.data_ptr() for w in weights))
-    sizes = (ctypes.c_long * count)(*(w.numel() for w in weights))
-    k.abs_max(pointers, sizes, count, out.data_ptr())
+    out = torch.empty(len(weights), dtype=torch.float32)
+    k.abs_max(*_pointers(weights), len(weights), out.data_ptr())
     return out
 
 
