@@ -75,8 +75,8 @@ MUTATIONS = [
     dict(
         id="nat10",
         desc="large tensors taken on one thread where torch has many",
-        old="        and (numel <= SERIAL_NUMEL or torch.get_num_threads() <= MAX_THREADS)",
-        new="        and True",
+        old="        (numel <= SERIAL_NUMEL or torch.get_num_threads() <= MAX_THREADS)\n",
+        new="        True\n",
     ),
     dict(
         id="nat11",
