@@ -100,8 +100,8 @@ MUTATIONS = [
     dict(
         id="nat14",
         desc="a fused layer's bits compared at the pass's start, not at its own offset",
-        old="            start = source.data_ptr() + entry.offset * size",
-        new="            start = source.data_ptr()",
+        old="        pointers = a.data_ptr(), b.data_ptr() + offset * a.element_size()",
+        new="        pointers = a.data_ptr(), b.data_ptr()",
         file=FUSED,
         tests=WIDE,
     ),
@@ -146,8 +146,8 @@ MUTATIONS = [
     dict(
         id="nat20",
         desc="a layer's own copy compared in storage order when its strides are not contiguous",
-        old="        and source.is_contiguous()  # a layer's own copy keeps its weight's strides\n",
-        new="",
+        old="        and a.is_contiguous()\n        and b.is_contiguous()\n",
+        new="        and a.is_contiguous()\n",
         file=FUSED,
         tests=WIDE,
     ),

@@ -136,7 +136,20 @@ def same_bits(a: Tensor, b: Tensor) -> bool:
     """
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    if (
+    same = _bytes_equal(a, b)
+    if same is not None:
+        return same
+    bits = _BITS.get(a.dtype)
+    if bits is None:
+        return bool(torch.equal(a, b))
+    return torch.equal(a.view(bits), b.view(bits))
+
+
+def _bytes_equal(a: Tensor, b: Tensor, offset: int = 0) -> bool | None:
+    """Whether ``a``'s bytes equal ``b``'s from its element ``offset`` on, by ``memcmp``
+    (``b`` of ``a``'s dtype, holding at least ``offset + a.numel()`` elements); None
+    where ``memcmp`` cannot read them (not two contiguous plain CPU tensors)."""
+    if not (
         _MEMCMP is not None
         and a.is_cpu
         and b.is_cpu
@@ -145,19 +158,15 @@ def same_bits(a: Tensor, b: Tensor) -> bool:
         and type(a) in _PLAIN
         and type(b) in _PLAIN
     ):
-        n = a.numel() * a.element_size()
-        if n == 0:
-            return True
-        try:
-            pointers = a.data_ptr(), b.data_ptr()
-        except RuntimeError:  # a wrapper without storage of its own (torch.func, fake tensors)
-            pointers = None
-        if pointers is not None:
-            return _MEMCMP(*pointers, n) == 0
-    bits = _BITS.get(a.dtype)
-    if bits is None:
-        return bool(torch.equal(a, b))
-    return torch.equal(a.view(bits), b.view(bits))
+        return None
+    n = a.numel() * a.element_size()
+    if n == 0:
+        return True
+    try:
+        pointers = a.data_ptr(), b.data_ptr() + offset * a.element_size()
+    except RuntimeError:  # a wrapper without storage of its own (torch.func, fake tensors)
+        return None
+    return _MEMCMP(*pointers, n) == 0
 
 
 @dataclass
@@ -197,28 +206,14 @@ class _Entry:
 def _same_as_reference(weight: Tensor, entry: _Entry) -> bool:
     """Whether ``weight`` holds, bit for bit, the weights ``entry`` was computed from.
 
-    Two contiguous plain CPU tensors are compared byte for byte at the
-    layer's offset, with no tensor made; anything else through :func:`same_bits`.
+    Compared in place at the layer's offset in the pass's copy, with no tensor
+    made (:func:`_bytes_equal`; a layer's own copy with its weight's strides,
+    not contiguous, is not read that way); anything else through :func:`same_bits`.
     """
-    source = entry.source
-    if (
-        _MEMCMP is not None
-        and type(weight) in _PLAIN
-        and weight.dtype == source.dtype
-        and weight.shape == entry.out.shape
-        and weight.is_cpu
-        and weight.is_contiguous()
-        and source.is_contiguous()  # a layer's own copy keeps its weight's strides
-        and weight.numel() > 0
-    ):
-        try:
-            pointer = weight.data_ptr()
-        except RuntimeError:  # a wrapper without storage of its own (torch.func, fake tensors)
-            pointer = None
-        if pointer is not None:
-            size = weight.element_size()
-            start = source.data_ptr() + entry.offset * size
-            return _MEMCMP(pointer, start, weight.numel() * size) == 0
+    if weight.dtype == entry.source.dtype and weight.shape == entry.out.shape:
+        same = _bytes_equal(weight, entry.source, entry.offset)
+        if same is not None:
+            return same
     return same_bits(weight, entry.reference())
 
 
