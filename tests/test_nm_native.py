@@ -246,6 +246,7 @@ def test_the_largest_magnitudes_in_one_call_are_torchs_values() -> None:
     tensor holding a NaN (wherever it is), infinity for one holding an infinity."""
     from feather_sparse.pruner import _abs_max_each
 
+    assert native.status().startswith("on")  # loaded, as an N:M forward loads it
     g = torch.Generator().manual_seed(3)
     weights = [
         torch.randn(64, 33, generator=g) * 10.0 ** float(e) for e in range(-44, 36, 8)
@@ -300,3 +301,17 @@ def test_torchs_addcmul_is_told_fused_or_not_by_its_own_results(
         torch, "addcmul", lambda one, h, r: (one.double() + h.double() * r.double()).float()
     )
     assert native._addcmul_fused()
+
+
+@pytest.mark.skipif(not EXPECT_ON, reason="the native forward cannot be built here")
+def test_the_finite_check_never_builds_the_library_itself(fresh: Path) -> None:
+    """A Pruner without an N:M pattern compiles and tests nothing: the finite check uses
+    the native library only once an N:M forward has loaded it."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    pruner = fs.Pruner(model, sparsity=0.5, total_steps=4, backbone="uniform")
+    pruner.step()
+    assert native.abs_max_many(pruner.weights()) is None
+    assert not (fresh / "native").exists()
+    assert native._kernel is None and native._reason is None  # not even tried
+    assert native.status().startswith("on")  # what an N:M forward does first
+    assert native.abs_max_many(pruner.weights()) is not None

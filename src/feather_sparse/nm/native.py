@@ -35,7 +35,7 @@ thread, and the mixer's 2:4 step 0.81 ms shorter (0.68 to 1.09).
 :func:`forward_many` the fused pass's layers, read in place as if
 concatenated, writing their bit reference (the concatenation) as it goes;
 :func:`abs_max_many` the Pruner's finite check at every step (exact
-maxima, no bits of torch's to match).
+maxima, no bits of torch's to match), once an N:M forward loaded the library.
 
 It serves float32 weights on the CPU with an integer ``p`` from 2 to 16
 (Feather's default 3), groups of at most 32 and one ramp for the whole
@@ -557,19 +557,19 @@ def abs_max_many(weights: Sequence[Tensor]) -> Tensor | None:
     """``max |w|`` of each of ``weights`` as one float32 vector, NaN where one holds a NaN.
 
     Read in place, one pass each, in one call: the Pruner's finite check at
-    every step (``Pruner._abs_maxima``). None where the native library is off
-    or a tensor is not a non-empty contiguous float32 CPU tensor; the caller
-    then asks torch. Every value is exact, as a maximum is.
+    every step (``Pruner._abs_maxima``). It uses the library once an N:M
+    forward has loaded it and never builds it itself: a Pruner without an N:M
+    pattern neither compiles nor tests anything. None where the library is not
+    loaded or a tensor is not a non-empty contiguous float32 CPU tensor; the
+    caller then asks torch. Every value is exact, as a maximum is.
 
     Args:
         weights: the tensors (not changed).
     """
-    if not (weights and all(_readable(w) for w in weights)):
+    k = _kernel  # loaded (and self-tested) by an N:M forward, or None
+    if k is None or not (weights and all(_readable(w) for w in weights)):
         return None
     if not _free(max(w.numel() for w in weights)):
-        return None
-    k = _get()
-    if k is None:
         return None
     out = torch.empty(len(weights), dtype=torch.float32)
     k.abs_max(*_pointers(weights), len(weights), out.data_ptr())
