@@ -163,4 +163,10 @@ MUTATIONS = [
         old="        and w.is_contiguous()\n        and w.numel() > 0\n    )",
         new="        and w.numel() > 0\n    )",
     ),
+    dict(
+        id="nat23",
+        desc="the finite check builds and self-tests the library (every Pruner's first step)",
+        old="    k = _kernel  # loaded (and self-tested) by an N:M forward, or None",
+        new="    k = _get()  # loaded (and self-tested) by an N:M forward, or None",
+    ),
 ]

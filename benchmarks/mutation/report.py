@@ -1191,7 +1191,8 @@ LOC = {
     "nat19": "`forward` (the ramp)",
     "nat20": "`_bytes_equal` (a strided copy; fused.py)",
     "nat21": "`SOURCE` (`feather_abs_max_many`)",
-    "nat22": "`abs_max_many` (contiguity)",
+    "nat22": "`_readable` (contiguity)",
+    "nat23": "`abs_max_many` (never builds)",
 }
 EQUIV = {
     "ops13": "equivalent: with `a = sign(|w| − T) ∈ {−1, 0, 1}` and θ ∈ [0, 1], `θ + a` and `θ + 2a` clamp to the same θ, θ, 1",
