@@ -162,7 +162,8 @@ def swapped(pruner: Pruner) -> Iterator[bool]:
     stored = [s.weight for s in swaps]
     with torch.no_grad():
         # computed as the forward computes them: the N:M backbone's fused layers in one
-        # call (one call per layer costs ~15 µs on a CPU), any other through its layer
+        # call (a module call, checks and a cache lookup per layer saved), any other
+        # through its layer
         done = _fused_forwards(pruner, layers)
         written = [done[p.index] if p.index in done else p(w) for p, w in zip(layers, stored)]
     # The stored weights take the memory of P_T(w), and give it back at the end: no copy

@@ -84,9 +84,10 @@ __all__ = [
 ENV = "FEATHER_SPARSE_NATIVE"
 
 #: With more than this many torch threads, tensors over :data:`SERIAL_NUMEL`
-#: weights take torch's parallel kernels (the native function runs on one
-#: thread; on this 2-core machine it beat torch's kernels on 2 threads by
-#: 1.2-1.5x for 2^17 to 2^22 weights, and torch's scale with more threads).
+#: weights take torch's parallel kernels: the native function runs on one
+#: thread, and torch's kernels gain with each thread (a scratch measurement on a
+#: 2-core machine found the native function still ahead on 2 threads; beyond 2
+#: cores the limit is a cautious guess).
 MAX_THREADS = 2
 
 #: Torch's own kernels run on one thread up to this many elements (its grain size).
